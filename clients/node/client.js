@@ -1,0 +1,70 @@
+'use strict';
+
+// A thin promise-based client for the context sidecar (contextsidecar.v1.ContextSidecar).
+// The proto is loaded at runtime from the repository, so this client can never drift from it.
+
+const path = require('node:path');
+const grpc = require('@grpc/grpc-js');
+const protoLoader = require('@grpc/proto-loader');
+
+const PROTO_PATH = path.join(__dirname, '..', '..', 'proto', 'contextsidecar', 'v1', 'sidecar.proto');
+
+// keepCase: field names stay as in the proto (run_id, not runId), matching the docs.
+// longs: Number: every count is int32, so Number is exact.
+// defaults + oneofs: unset plain fields read as their zero value, while a proto3 `optional`
+// field that was not sent stays absent (undefined), so "unset" and "0" remain distinguishable
+// (e.g. ListRunEventsResponse.next_from_seq is absent on the last page).
+const LOADER_OPTIONS = { keepCase: true, longs: Number, enums: String, defaults: true, oneofs: true };
+
+let cachedService = null;
+
+function loadService() {
+  if (cachedService === null) {
+    const definition = protoLoader.loadSync(PROTO_PATH, LOADER_OPTIONS);
+    cachedService = grpc.loadPackageDefinition(definition).contextsidecar.v1.ContextSidecar;
+  }
+  return cachedService;
+}
+
+// RPC name in the proto -> wrapper name on the client.
+const METHODS = {
+  OpenRun: 'openRun',
+  AppendEvents: 'appendEvents',
+  ListRunEvents: 'listRunEvents',
+  AssembleContext: 'assembleContext',
+  GetTranscriptWindow: 'getTranscriptWindow',
+  CountTokens: 'countTokens',
+  GetCapabilities: 'getCapabilities',
+};
+
+/**
+ * Connect to a sidecar at `address` ("unix:///abs/path.sock" or "127.0.0.1:50051").
+ * The sidecar has no TLS of its own (it listens on loopback or a unix socket), hence insecure.
+ *
+ * Every wrapper takes the request object and optional { deadlineMs } and returns a promise of
+ * the response; a failure rejects with the grpc-js ServiceError (its .code is a grpc.status).
+ */
+function connect(address, { channelOptions = {} } = {}) {
+  const Service = loadService();
+  const stub = new Service(address, grpc.credentials.createInsecure(), channelOptions);
+
+  const client = {
+    close: () => stub.close(),
+    // For callers that want to wait for the channel before the first call.
+    waitForReady(deadlineMs = 5000) {
+      return new Promise((resolve, reject) => {
+        stub.waitForReady(Date.now() + deadlineMs, (err) => (err ? reject(err) : resolve()));
+      });
+    },
+  };
+  for (const [rpc, name] of Object.entries(METHODS)) {
+    client[name] = (request = {}, { deadlineMs = 30000 } = {}) =>
+      new Promise((resolve, reject) => {
+        stub[rpc](request, { deadline: Date.now() + deadlineMs }, (err, response) =>
+          err ? reject(err) : resolve(response));
+      });
+  }
+  return client;
+}
+
+module.exports = { connect, PROTO_PATH, LOADER_OPTIONS, status: grpc.status };

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# One entry point for a fresh machine with python3 (>= 3.11), gcc and node (>= 20):
+#   ./dev.sh serve [flags]   set up, then run the sidecar (127.0.0.1:50051, LMDB in ./data)
+#   ./dev.sh test            set up, then run every test: Python, then the Node.js client's
+#   ./dev.sh bench [args]    set up, then run the per-turn benchmark (python -m benchmarks.turn_latency)
+#   ./dev.sh setup           only set up: .venv with the package installed (fastcore compiled)
+set -euo pipefail
+cd "$(dirname "$0")"
+
+VENV=.venv
+
+setup_python() {
+  if [ ! -x "$VENV/bin/python" ]; then
+    python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+      || { echo "dev.sh: Python 3.11 or newer is needed as python3" >&2; exit 1; }
+    python3 -m venv "$VENV"
+  fi
+  # Editable install: compiles fastcore/_fastcore.pyx with Cython in place.
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[test]"
+}
+
+setup_node() {
+  command -v npm >/dev/null || { echo "dev.sh: Node.js 20 and npm are needed for the client tests" >&2; exit 1; }
+  (cd clients/node && npm ci --no-audit --no-fund --loglevel=error)
+}
+
+command=${1:-}
+[ $# -gt 0 ] && shift
+case "$command" in
+  setup)
+    setup_python ;;
+  serve)
+    setup_python
+    exec "$VENV/bin/context-sidecar" serve "$@" ;;
+  test)
+    setup_python
+    setup_node
+    "$VENV/bin/python" -m pytest "$@"
+    # The Node.js test starts its own sidecar with the python on PATH: the venv's.
+    (cd clients/node && PATH="$PWD/../../$VENV/bin:$PATH" npm test) ;;
+  bench)
+    setup_python
+    exec "$VENV/bin/python" -m benchmarks.turn_latency "$@" ;;
+  *)
+    sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//' >&2
+    exit 2 ;;
+esac

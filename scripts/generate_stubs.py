@@ -1,0 +1,35 @@
+"""Regenerate the committed Python stubs in sidecar/pb from proto/ (API and storage protos).
+
+    python scripts/generate_stubs.py            # rewrite sidecar/pb in place
+    python scripts/generate_stubs.py --out DIR  # write them under DIR instead (the staleness test)
+
+The proto is mapped to the virtual path sidecar/pb/..., so the generated modules import each
+other as sidecar.pb.contextsidecar.v1.* with no post-processing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from grpc_tools import protoc
+
+ROOT = Path(__file__).resolve().parent.parent
+API_PROTO = "sidecar/pb/contextsidecar/v1/sidecar.proto"
+STORAGE_PROTO = "sidecar/pb/contextsidecar/storage/v1/records.proto"  # messages only: no grpc stub
+
+
+def generate(out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    common = ["protoc", f"-Isidecar/pb={ROOT / 'proto'}", f"--python_out={out}", f"--pyi_out={out}"]
+    for args in (common + [f"--grpc_python_out={out}", API_PROTO], common + [STORAGE_PROTO]):
+        if protoc.main(args) != 0:
+            raise SystemExit(f"protoc failed on {args[-1]}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=ROOT, help="root to write sidecar/pb/... under")
+    generate(parser.parse_args().out)
+    sys.exit(0)

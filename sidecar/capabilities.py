@@ -1,0 +1,25 @@
+"""The capability document an OpenWOP host advertises for this sidecar (RFC 0111 wire words).
+
+It states what the sidecar enforces for every run: the configured transcript budget is a
+ceiling no run can exceed, in the configured default counter.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sidecar.settings import ContextSettings
+
+EXECUTION_MODEL_VERSION = 5  # RFC 0061's stateful loop, which contextBudget is gated on
+
+
+def capability_document(context: ContextSettings) -> dict[str, Any]:
+    execution_model: dict[str, Any] = {"version": EXECUTION_MODEL_VERSION}
+    if context.transcript_window:
+        execution_model["transcriptWindow"] = context.transcript_window
+    execution_model["contextBudget"] = {
+        "transcriptTokenBudget": context.transcript_token_budget,
+        "tokenCounter": context.token_counter,
+        "summarization": {"supported": False},
+    }
+    return {"multiAgent": {"executionModel": execution_model}}

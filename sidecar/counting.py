@@ -1,0 +1,126 @@
+"""Token counters, one per ``tokenCounter`` value of RFC 0111/0113, and deterministic clipping.
+
+A count reported anywhere in the sidecar is ``counter.count(text)`` of the exact text reported
+with it, so any client can recount it (``CountTokens``, or tiktoken / a code-point count of its
+own). tiktoken counts use ``encode_ordinary``: text that looks like a special token
+(``<|endoftext|>``) is counted as the ordinary text it is, since transcript content is data.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Protocol
+
+import tiktoken
+
+import fastcore
+from sidecar.encodings import SUPPORTED as TIKTOKEN_ENCODINGS
+from sidecar.encodings import load_encoding
+from sidecar.errors import TokenBudgetExceeded, ValidationError
+from sidecar.settings import TOKEN_COUNTERS
+
+
+class TokenCounter(Protocol):
+    name: str
+
+    def count(self, text: str) -> int:
+        """Tokens of ``text`` in this counter's unit."""
+
+    def clip(self, text: str, target: int) -> str:
+        """``text`` if it fits ``target``, else head + elision marker + tail counting <= target."""
+
+
+def elision_marker(elided: int, unit: str) -> str:
+    return f"\n[... {elided} {unit} elided ...]\n"
+
+
+def _clip(total: int, render: Callable[[int, int], tuple[str, str]], count: Callable[[str], int],
+          target: int, unit: str) -> str:
+    """Keep the first and last units of a text of ``total`` units, so the result fits ``target``.
+
+    ``render(head, tail)`` gives the text of the first ``head`` and last ``tail`` units. The
+    search is deterministic: the same text and target always give the same bytes.
+    """
+    keep = target - count(elision_marker(total, unit))
+    while keep > 0:
+        head, tail = (keep + 1) // 2, keep // 2
+        head_text, tail_text = render(head, tail)
+        candidate = head_text + elision_marker(total - head - tail, unit) + tail_text
+        used = count(candidate)
+        if used <= target:
+            return candidate
+        keep -= used - target
+    marker_only = elision_marker(total, unit)
+    return marker_only if count(marker_only) <= target else ""
+
+
+class TiktokenCounter:
+    def __init__(self, encoding: tiktoken.Encoding) -> None:
+        self.name = encoding.name
+        self._encoding = encoding
+
+    def count(self, text: str) -> int:
+        return len(self._encoding.encode_ordinary(text))
+
+    def clip(self, text: str, target: int) -> str:
+        tokens = self._encoding.encode_ordinary(text)
+        if len(tokens) <= target:
+            return text
+        decode = self._encoding.decode_bytes
+
+        def render(head: int, tail: int) -> tuple[str, str]:
+            # A token boundary can fall inside a character; drop the partial bytes at the cut.
+            head_text = decode(tokens[:head]).decode("utf-8", "ignore")
+            tail_text = decode(tokens[len(tokens) - tail:]).decode("utf-8", "ignore") if tail else ""
+            return head_text, tail_text
+
+        return _clip(len(tokens), render, self.count, target, "tokens")
+
+
+class CharsCounter:
+    """Unicode code points of the text, counted from its UTF-8 bytes by fastcore."""
+
+    name = "chars"
+
+    def count(self, text: str) -> int:
+        return fastcore.count_code_points(text.encode("utf-8"))
+
+    def clip(self, text: str, target: int) -> str:
+        total = self.count(text)
+        if total <= target:
+            return text
+        return _clip(total, lambda head, tail: (text[:head], text[total - tail:] if tail else ""),
+                     self.count, target, "chars")
+
+
+class HostDefinedCounter:
+    """Counts belong to the host (its provider's tokenizer); the sidecar can neither make nor clip them."""
+
+    name = "host-defined"
+
+    def count(self, text: str) -> int:
+        raise ValidationError.field(
+            "token_counter", "host-defined counts come from the host; the sidecar cannot count text in them")
+
+    def clip(self, text: str, target: int) -> str:
+        raise TokenBudgetExceeded(
+            "the active turn alone exceeds the token budget and host-defined text cannot be clipped "
+            "by the sidecar; send the turn's events smaller or give the run a larger budget")
+
+
+class Counters:
+    """All four counters, with both tiktoken encodings loaded up front (before SERVING)."""
+
+    def __init__(self, encodings_dir: Path | None = None) -> None:
+        self._by_name: dict[str, TokenCounter] = {
+            name: TiktokenCounter(load_encoding(name, encodings_dir)) for name in TIKTOKEN_ENCODINGS}
+        self._by_name["chars"] = CharsCounter()
+        self._by_name["host-defined"] = HostDefinedCounter()
+        assert tuple(self._by_name) == TOKEN_COUNTERS
+
+    def get(self, name: str, field: str = "token_counter") -> TokenCounter:
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise ValidationError.field(
+                field, f"unknown token counter {name!r}; use one of {', '.join(TOKEN_COUNTERS)}") from None

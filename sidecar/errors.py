@@ -1,0 +1,56 @@
+"""Domain errors, each with a stable machine code that travels to clients unchanged.
+
+The wire layer maps each code to a gRPC status in one table (``sidecar.status``); the domain
+never names a gRPC status. Messages name fields and ids the caller sent, never stored content.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Self
+
+
+@dataclass(frozen=True, slots=True)
+class FieldViolation:
+    """One bad field: its path in the request (``events[3].iteration``) and what is wrong."""
+
+    field: str
+    description: str
+
+
+class SidecarError(Exception):
+    """Base of every error the sidecar answers deliberately."""
+
+    code: str = "internal"
+
+    def __init__(self, message: str, violations: tuple[FieldViolation, ...] = ()) -> None:
+        super().__init__(message)
+        self.message = message
+        self.violations = violations
+
+    @classmethod
+    def field(cls, field: str, description: str) -> Self:
+        """The error for one bad field, named in the message and as a violation."""
+        return cls(f"{field}: {description}", (FieldViolation(field, description),))
+
+
+class ValidationError(SidecarError):
+    code = "validation_error"
+
+
+class NotFound(SidecarError):
+    code = "not_found"
+
+
+class Conflict(SidecarError):
+    """The request names something that already exists with different contents."""
+
+    code = "conflict"
+
+
+class TokenBudgetExceeded(SidecarError):
+    code = "token_budget_exceeded"
+
+
+class StoreFull(SidecarError):
+    code = "store_full"

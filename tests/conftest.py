@@ -1,0 +1,84 @@
+"""Shared fixtures: real LMDB in a temp folder, real encodings, a real server on a real port."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Iterator
+
+import grpc
+import pytest
+
+from sidecar.counting import Counters
+from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
+from sidecar import server as server_module
+from sidecar.server import Services, build_server
+from sidecar.settings import ContextSettings, ServerSettings, Settings, StorageSettings
+from sidecar.store import Store
+from sidecar.transcript import Transcripts
+
+TENANT = "default"
+
+
+@pytest.fixture(scope="session")
+def counters() -> Counters:
+    """Both tiktoken encodings load once per test session (~0.5 s)."""
+    return Counters()
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    store = Store(str(tmp_path / "lmdb"), map_size=16 << 20)
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def make_transcripts(store: Store, counters: Counters):
+    def make(**context: object) -> Transcripts:
+        return Transcripts(store, counters, ContextSettings(**context))
+    return make
+
+
+def settings_for(tmp_path: Path, **context: object) -> Settings:
+    return Settings(server=ServerSettings(listen="127.0.0.1:0"),
+                    storage=StorageSettings(path=str(tmp_path / "lmdb"), map_size=16 << 20),
+                    context=ContextSettings(**context))
+
+
+@dataclasses.dataclass
+class RunningServer:
+    address: str
+    channel: grpc.Channel
+    stub: pb_grpc.ContextSidecarStub
+    services: Services
+
+
+@pytest.fixture
+def start_server(tmp_path: Path, counters: Counters):
+    """Start a real gRPC server on 127.0.0.1:<free port> with the given [context] settings."""
+    started: list[tuple[grpc.Server, RunningServer]] = []
+
+    def start_with(**context: object) -> RunningServer:
+        settings = settings_for(tmp_path / f"server{len(started)}", **context)
+        store = Store(settings.storage.path, settings.storage.map_size)
+        services = Services(store, counters, Transcripts(store, counters, settings.context))
+        server, port, health_servicer = build_server(settings, services)
+        server_module.start(server, health_servicer)
+        address = f"127.0.0.1:{port}"
+        channel = grpc.insecure_channel(address)
+        running = RunningServer(address, channel, pb_grpc.ContextSidecarStub(channel), services)
+        started.append((server, running))
+        return running
+
+    yield start_with
+    for server, running in started:
+        running.channel.close()
+        server.stop(None).wait()
+        running.services.close()
+
+
+@pytest.fixture
+def sidecar(start_server) -> RunningServer:
+    """A server with a small budget in the `chars` counter, easy to reason about in tests."""
+    return start_server(token_counter="chars", transcript_token_budget=1000)

@@ -1,0 +1,147 @@
+"""fastcore, the compiled hot path, against its pure-Python twin and against the rules themselves.
+
+The twin (``fastcore._reference``) is the readable specification; the brute-force oracle below
+restates the window rules from scratch (smallest valid cut), so a bug shared by both
+implementations still fails here.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import random
+import struct
+
+import pytest
+
+import fastcore
+from fastcore import _reference
+
+PACK = struct.Struct("<III")
+
+
+def test_the_compiled_module_is_what_fastcore_exports() -> None:
+    module = fastcore.select_window.__module__
+    assert module == "fastcore._fastcore"
+    assert fastcore._fastcore.__file__.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES))
+    assert fastcore.RECORD_SIZE == _reference.RECORD_SIZE == PACK.size
+
+
+# -- chars ----------------------------------------------------------------------------------
+
+FIXED_TEXTS = ["", "a", "héllo", "日本語", "emoji 😀 and 👩‍👩‍👧", "\x00 nul", "é" * 1000, "mixed ü€𝄞"]
+
+
+@pytest.mark.parametrize("text", FIXED_TEXTS)
+def test_code_points_fixed(text: str) -> None:
+    data = text.encode("utf-8")
+    assert fastcore.count_code_points(data) == _reference.count_code_points(data) == len(text)
+
+
+def test_code_points_random() -> None:
+    rng = random.Random(7)
+    alphabet = [chr(c) for c in (*range(32, 127), *range(0xA0, 0x2FF), *range(0x4E00, 0x4E80),
+                                 *range(0x1F600, 0x1F650))]
+    for _ in range(500):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 300)))
+        data = text.encode("utf-8")
+        assert fastcore.count_code_points(data) == _reference.count_code_points(data) == len(text)
+
+
+# -- window selection -----------------------------------------------------------------------
+
+def make_transcript(rng: random.Random, n: int) -> list[tuple[int, int, int]]:
+    """(tokens, iteration, group_first) per event: non-decreasing iterations, some tool groups
+    (a call and one or two results, sometimes spanning turns), some huge and some empty events."""
+    records: list[tuple[int, int, int]] = []
+    iteration = 1
+    open_groups: list[int] = []
+    for seq in range(n):
+        if rng.random() < 0.3:
+            iteration += rng.choice((1, 1, 2))
+        tokens = rng.choice((0, 1, 5, 20, 50, 120, 400, 2000))
+        group_first = seq
+        roll = rng.random()
+        if roll < 0.2:
+            open_groups.append(seq)  # a tool call
+        elif roll < 0.45 and open_groups:
+            group_first = rng.choice(open_groups)  # a result answering an earlier call
+            if rng.random() < 0.5:
+                open_groups.remove(group_first)
+        records.append((tokens, iteration, group_first))
+    return records
+
+
+def pack(records: list[tuple[int, int, int]]) -> bytes:
+    return b"".join(PACK.pack(*record) for record in records)
+
+
+def oracle(records: list[tuple[int, int, int]], active: int, budget: int, max_events: int):
+    """The rules, restated by brute force over every possible cut."""
+    n = len(records)
+    tokens = [r[0] for r in records]
+
+    def whole(cut: int) -> bool:  # no group straddles the cut
+        return all(records[j][2] >= cut for j in range(cut, n))
+
+    active_start = next((j for j in range(n) if records[j][1] >= active), n)
+    mandatory = max(j for j in range(active_start + 1) if whole(j))
+    if sum(tokens[mandatory:]) > budget:
+        return "clip", mandatory
+    fits = [s for s in range(mandatory + 1) if whole(s) and sum(tokens[s:]) <= budget
+            and (max_events == 0 or n - s <= max_events or s == mandatory)]
+    return "window", min(fits), mandatory
+
+
+def check_one(records, active, budget, max_events) -> None:
+    packed = pack(records)
+    compiled = fastcore.select_window(packed, 0, active, budget, max_events)
+    reference = _reference.select_window(packed, 0, active, budget, max_events)
+    assert compiled == reference, (records, active, budget, max_events)
+    start, mandatory, total, cap = compiled
+    tokens = [r[0] for r in records]
+    expected = oracle(records, active, budget, max_events)
+    if cap >= 0:
+        assert expected == ("clip", mandatory) and start == mandatory
+        assert total == sum(min(t, cap) for t in tokens[mandatory:]) <= budget
+        # The cap is the largest that fits: one more would not.
+        assert sum(min(t, cap + 1) for t in tokens[mandatory:]) > budget
+    else:
+        assert expected == ("window", start, mandatory)
+        assert total == sum(tokens[start:]) <= budget
+
+    # Given only a tail of the history, the answer is the same or "need more": never different.
+    for base in sorted({len(records) // 2, max(len(records) - 3, 0), len(records) - 1}):
+        if base <= 0:
+            continue
+        partial = fastcore.select_window(packed[base * PACK.size:], base, active, budget, max_events)
+        assert partial == _reference.select_window(packed[base * PACK.size:], base, active, budget, max_events)
+        assert partial is None or partial == compiled
+
+
+def test_window_random_against_reference_and_oracle() -> None:
+    rng = random.Random(2026)
+    for _ in range(1500):
+        records = make_transcript(rng, rng.randrange(1, 60))
+        active = records[-1][1] if rng.random() < 0.8 else records[-1][1] + 1
+        budget = rng.choice((1, 10, 100, 500, 1000, 5000))
+        max_events = rng.choice((0, 0, 1, 3, 10))
+        check_one(records, active, budget, max_events)
+
+
+def test_window_fixed_cases() -> None:
+    # A call (seq 1) and its result (seq 3) straddle the budget cut at 2: both go.
+    records = [(10, 1, 0), (10, 1, 1), (10, 2, 2), (10, 2, 1), (10, 3, 4)]
+    assert fastcore.select_window(pack(records), 0, 3, 25, 0) == (4, 4, 10, -1)
+    # The active turn's result pulls its call (and what lies between) in, over the budget.
+    assert fastcore.select_window(pack(records[:4]), 0, 2, 15, 0) == (1, 1, 15, 5)
+    # The event-count bound is tighter than the budget.
+    assert fastcore.select_window(pack([(1, 1, 0), (1, 1, 1), (1, 2, 2)]), 0, 2, 100, 2) == (1, 2, 2, -1)
+    # The active turn alone exceeds the budget: clip to a per-event cap (water-filling).
+    assert fastcore.select_window(pack([(5, 1, 0), (100, 2, 1), (3, 2, 2)]), 0, 2, 50, 0) == (1, 1, 50, 47)
+    # Nothing assembled yet for an iteration before any event.
+    assert fastcore.select_window(b"", 0, 1, 10, 0) == (0, 0, 0, -1)
+
+
+def test_select_window_rejects_a_missing_buffer() -> None:
+    with pytest.raises(TypeError):
+        fastcore.select_window(None, 0, 1, 10, 0)  # type: ignore[arg-type]

