@@ -27,7 +27,9 @@ from sidecar.settings import ContextSettings
 from sidecar.store import Store, be32, scope
 from sidecar.validation import check_at_least, check_id
 
-CHUNK_EVENTS = 512
+# 128 packed records are 1.5 KiB: small enough to stay inline in an LMDB leaf page, so an append
+# rewrites one page instead of a chain of overflow pages (measured: ~15% off a durable turn).
+CHUNK_EVENTS = 128
 MAX_EVENTS_PER_RUN = 2**31 - 1  # seq travels as int32
 MAX_TYPE_BYTES = 64
 MAX_COUNT = 2**31 - 1
