@@ -123,4 +123,4 @@ class Counters:
             return self._by_name[name]
         except KeyError:
             raise ValidationError.field(
-                field, f"unknown token counter {name!r}; use one of {', '.join(TOKEN_COUNTERS)}") from None
+                field, f"is not a token counter; use one of {', '.join(TOKEN_COUNTERS)}") from None

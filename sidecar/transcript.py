@@ -2,9 +2,10 @@
 
 A run is an append-only log of events. Each event's token count, in the run's counter, is
 computed once when it is appended and kept twice: in the event record, and in a packed per-run
-array of (tokens, iteration, group_first) records stored in chunks of ``CHUNK_EVENTS``. A turn
-reads only the tail chunks it needs, lets fastcore choose the window, then reads exactly the
-chosen events with one cursor pass: the work per turn is bounded by the window, not the run.
+array of (tokens, iteration, group_first) records stored in chunks of ``CHUNK_EVENTS`` (beside
+each chunk, its events' ids). A turn reads only the tail chunks it needs, lets fastcore choose
+the window, then reads exactly the chosen events with one cursor pass: the work per turn is
+bounded by the window, not the run.
 
 The window for iteration N is chosen from the events with iteration <= N (a prefix of the log,
 since iterations never decrease), so re-assembling an old iteration gives the window it had.
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from itertools import islice
-from typing import Sequence
+from typing import Callable, Sequence
 
 import lmdb
 
@@ -224,7 +225,8 @@ class Transcripts:
         events = self._prepare(events, "events")
         return self._store.write(self._appender(key, events, "events"))
 
-    def _appender(self, key: bytes, events: Sequence[NewEvent], field: str):
+    def _appender(self, key: bytes, events: Sequence[NewEvent],
+                  field: str) -> Callable[[lmdb.Transaction], list[AppendResult]]:
         """Count tokens outside the write lock, then return the work for the write transaction."""
         with self._store.read() as txn:
             run = self._load_run(txn, key)
@@ -255,7 +257,7 @@ class Transcripts:
                 raise ValidationError.field(
                     f"{at}.iteration", f"is {event.iteration}, after the iteration being assembled ({turn})")
             if event.role not in ROLES:
-                raise ValidationError.field(f"{at}.role", f"must be one of {', '.join(ROLES)}; got {event.role!r}")
+                raise ValidationError.field(f"{at}.role", f"must be one of {', '.join(ROLES)}")
             check_id(f"{at}.type", event.type, max_bytes=MAX_TYPE_BYTES)
             size = len(event.content.encode("utf-8"))
             if size > limit:
