@@ -40,9 +40,9 @@ def make_transcripts(store: Store, counters: Counters):
     return make
 
 
-def settings_for(tmp_path: Path, **context: object) -> Settings:
+def settings_for(tmp_path: Path, storage: dict | None = None, **context: object) -> Settings:
     return Settings(server=ServerSettings(listen="127.0.0.1:0"),
-                    storage=StorageSettings(path=str(tmp_path / "lmdb"), map_size=16 << 20),
+                    storage=StorageSettings(path=str(tmp_path / "lmdb"), **{"map_size": 16 << 20, **(storage or {})}),
                     context=ContextSettings(**context))
 
 
@@ -59,9 +59,9 @@ def start_server(tmp_path: Path, counters: Counters):
     """Start a real gRPC server on 127.0.0.1:<free port> with the given [context] settings."""
     started: list[tuple[grpc.Server, RunningServer]] = []
 
-    def start_with(**context: object) -> RunningServer:
-        settings = settings_for(tmp_path / f"server{len(started)}", **context)
-        store = Store(settings.storage.path, settings.storage.map_size)
+    def start_with(storage: dict | None = None, **context: object) -> RunningServer:
+        settings = settings_for(tmp_path / f"server{len(started)}", storage, **context)
+        store = Store(settings.storage.path, settings.storage.map_size, settings.storage.max_map_size)
         services = Services(store, counters, Transcripts(store, counters, settings.context))
         server, port, health_servicer = build_server(settings, services)
         server_module.start(server, health_servicer)

@@ -170,6 +170,34 @@ def test_bad_input_gets_a_clear_error_and_writes_nothing(start_server, method, r
     assert call_error(sidecar.stub.ListRunEvents, pb.ListRunEventsRequest(run_id="r"))[0] == grpc.StatusCode.NOT_FOUND
 
 
+def test_errors_that_depend_on_what_is_stored(start_server) -> None:
+    sidecar = start_server(token_counter="chars", transcript_token_budget=1000)
+    stub = sidecar.stub
+    stub.AppendEvents(pb.AppendEventsRequest(run_id="r", events=[ev("a", 3)]))
+    assert call_error(stub.AppendEvents, pb.AppendEventsRequest(run_id="r", events=[ev("b", 3), ev("c", 2)])) == (
+        grpc.StatusCode.INVALID_ARGUMENT, "validation_error", ["events[1].iteration"])
+    stub.OpenRun(pb.OpenRunRequest(run_id="host", token_counter="host-defined"))
+    assert call_error(stub.AssembleContext, pb.AssembleContextRequest(
+        run_id="host", iteration=1, append_events=[ev("x", host_token_count=4), ev("y")])) == (
+        grpc.StatusCode.INVALID_ARGUMENT, "validation_error", ["append_events[1].host_token_count"])
+    assert call_error(stub.AssembleContext, pb.AssembleContextRequest(
+        run_id="host", iteration=1, append_events=[ev("x", host_token_count=4000)])) == (
+        grpc.StatusCode.FAILED_PRECONDITION, "token_budget_exceeded", [])
+    assert [e.event_id for e in stub.ListRunEvents(pb.ListRunEventsRequest(run_id="r")).events] == ["a"]
+    assert list(stub.ListRunEvents(pb.ListRunEventsRequest(run_id="host")).events) == []
+
+
+def test_a_store_that_cannot_grow_is_resource_exhausted(start_server) -> None:
+    sidecar = start_server(storage={"map_size": 1 << 20, "max_map_size": 1 << 20}, token_counter="chars",
+                           max_event_bytes=200_000)
+    stub = sidecar.stub
+    stub.AppendEvents(pb.AppendEventsRequest(run_id="r", events=[ev("kept", 1)]))
+    big = [ev(f"big{i}", 1, "z" * 150_000) for i in range(10)]
+    assert call_error(stub.AppendEvents, pb.AppendEventsRequest(run_id="r", events=big)) == (
+        grpc.StatusCode.RESOURCE_EXHAUSTED, "store_full", [])
+    assert [e.event_id for e in stub.ListRunEvents(pb.ListRunEventsRequest(run_id="r")).events] == ["kept"]
+
+
 def test_conflicts_are_already_exists(sidecar) -> None:
     stub = sidecar.stub
     stub.OpenRun(pb.OpenRunRequest(run_id="r", transcript_token_budget=500))
