@@ -11,7 +11,10 @@ from libc.stdlib cimport malloc, free
 cdef enum:
     _RECORD_SIZE = 12
 
+cdef uint32_t _NOT_A_UNIT = 0xFFFFFFFF
+
 RECORD_SIZE = _RECORD_SIZE
+NOT_A_UNIT = _NOT_A_UNIT
 
 
 cdef inline uint32_t _u32(const unsigned char* p) noexcept nogil:
@@ -59,73 +62,170 @@ cdef uint32_t _clip_cap(const unsigned char* p, Py_ssize_t lo, Py_ssize_t hi, in
     return low
 
 
-def select_window(const unsigned char[::1] records not None, int64_t base_seq,
-                  int64_t active_iteration, int64_t budget, int64_t max_events):
+cdef inline int64_t _group_first(const unsigned char* p, Py_ssize_t j, int64_t base_seq,
+                                 int64_t floor_seq) noexcept nogil:
+    # A non-unit stands alone; a group reaching below the floor counts as starting there.
+    cdef uint32_t g = _u32(p + j * _RECORD_SIZE + 8)
+    if g == _NOT_A_UNIT:
+        return base_seq + j
+    return g if g > floor_seq else floor_seq
+
+
+cdef int64_t* _suffix_min(const unsigned char* p, Py_ssize_t n, int64_t base_seq, int64_t floor_seq) noexcept nogil:
+    """suffix_min[j]: the smallest group start among events at or after j (end for j == n).
+    A cut at j keeps every group whole exactly when suffix_min[j] >= base_seq + j."""
+    cdef int64_t* suffix_min = <int64_t*>malloc((n + 1) * sizeof(int64_t))
+    cdef Py_ssize_t j
+    cdef int64_t g
+    if suffix_min == NULL:
+        return NULL
+    suffix_min[n] = base_seq + n
+    for j in range(n - 1, -1, -1):
+        g = _group_first(p, j, base_seq, floor_seq)
+        suffix_min[j] = g if g < suffix_min[j + 1] else suffix_min[j + 1]
+    return suffix_min
+
+
+def select_window(const unsigned char[::1] records not None, int64_t base_seq, int64_t active_iteration,
+                  int64_t budget, int64_t max_events, int64_t floor_seq=0, prefix_tokens=()):
     """Choose the transcript window. See ``_reference.select_window`` for the contract."""
     cdef Py_ssize_t n = records.shape[0] // _RECORD_SIZE
     cdef const unsigned char* p = &records[0] if records.shape[0] > 0 else NULL
     cdef int64_t end = base_seq + n
+    cdef Py_ssize_t floor = floor_seq - base_seq if floor_seq > base_seq else 0
     cdef int64_t* suffix_min
     cdef Py_ssize_t j, active_start, mandatory, cut
-    cdef int64_t total, mandatory_tokens, capped
-    cdef uint32_t cap
-    cdef int need_more = 0
-    cdef int clipped = 0
+    cdef int64_t total = 0, units = 0, capped = 0
+    cdef uint32_t cap = 0, t
+    cdef int need_more = 0, clipped = 0
+    cdef Py_ssize_t prefix_in = 0, k
+    cdef list prefix = list(prefix_tokens)
 
-    suffix_min = <int64_t*>malloc((n + 1) * sizeof(int64_t))
+    suffix_min = _suffix_min(p, n, base_seq, floor_seq)
     if suffix_min == NULL:
         raise MemoryError()
     try:
         with nogil:
             active_start = n
-            while active_start > 0 and _u32(p + (active_start - 1) * _RECORD_SIZE + 4) >= active_iteration:
+            while active_start > floor and _u32(p + (active_start - 1) * _RECORD_SIZE + 4) >= active_iteration:
                 active_start -= 1
-            if active_start == 0 and base_seq > 0 and n > 0:
+            if active_start == 0 and base_seq > floor_seq and n > 0:
                 need_more = 1
 
             if not need_more:
-                suffix_min[n] = end
-                for j in range(n - 1, -1, -1):
-                    suffix_min[j] = suffix_min[j + 1]
-                    if _u32(p + j * _RECORD_SIZE + 8) < suffix_min[j]:
-                        suffix_min[j] = _u32(p + j * _RECORD_SIZE + 8)
-
                 # The largest cut at or before the active turn that keeps every group whole.
                 mandatory = active_start
-                while mandatory > 0 and suffix_min[mandatory] < base_seq + mandatory:
+                while mandatory > floor and suffix_min[mandatory] < base_seq + mandatory:
                     mandatory -= 1
-                if mandatory == 0 and base_seq > 0 and suffix_min[0] < base_seq:
+                if mandatory == 0 and base_seq > floor_seq and suffix_min[0] < base_seq:
                     need_more = 1
 
             if not need_more:
-                mandatory_tokens = _capped_sum(p, mandatory, n, 0xFFFFFFFF)
-                if mandatory_tokens > budget:
+                total = _capped_sum(p, mandatory, n, 0xFFFFFFFF)
+                if total > budget:
                     clipped = 1
                     cap = _clip_cap(p, mandatory, n, budget)
                     capped = _capped_sum(p, mandatory, n, cap)
                 else:
-                    total = mandatory_tokens
+                    for j in range(mandatory, n):
+                        units += _u32(p + j * _RECORD_SIZE + 8) != _NOT_A_UNIT
                     cut = mandatory
                     while True:
-                        if max_events > 0 and n - cut >= max_events:
-                            break
-                        if cut == 0:
-                            if base_seq > 0:
+                        if cut == floor:
+                            if base_seq > floor_seq:
                                 need_more = 1
                             break
-                        if total + _u32(p + (cut - 1) * _RECORD_SIZE) > budget:
-                            break
+                        if _u32(p + (cut - 1) * _RECORD_SIZE + 8) != _NOT_A_UNIT:
+                            if max_events > 0 and units >= max_events:
+                                break
+                            if total + _u32(p + (cut - 1) * _RECORD_SIZE) > budget:
+                                break
+                            units += 1
                         cut -= 1
                         total += _u32(p + cut * _RECORD_SIZE)
                     if not need_more:
+                        # Never split a group: move the cut newer until groups stay whole.
                         while suffix_min[cut] < base_seq + cut:
                             cut += 1
                         total = _capped_sum(p, cut, n, 0xFFFFFFFF)
+                        units = 0
+                        for j in range(cut, n):
+                            units += _u32(p + j * _RECORD_SIZE + 8) != _NOT_A_UNIT
     finally:
         free(suffix_min)
 
     if need_more:
         return None
     if clipped:
-        return (base_seq + mandatory, base_seq + mandatory, capped, cap)
-    return (base_seq + cut, base_seq + mandatory, total, -1)
+        return (base_seq + mandatory, base_seq + mandatory, capped, cap, 0)
+    if cut == floor:
+        # All unsummarised events are in: the summaries before them come in, newest first.
+        for k in range(len(prefix) - 1, -1, -1):
+            if (max_events > 0 and units >= max_events) or total + prefix[k] > budget:
+                break
+            total += prefix[k]
+            units += 1
+            prefix_in += 1
+    # The window starts at its oldest event that is transcript: log entries at its edge stay out.
+    while cut < mandatory and _u32(p + cut * _RECORD_SIZE + 8) == _NOT_A_UNIT:
+        cut += 1
+    return (base_seq + cut, base_seq + mandatory, total, -1, prefix_in)
+
+
+def compaction_cut(const unsigned char[::1] records not None, int64_t base_seq, int64_t floor_seq,
+                   int64_t protect_from, int64_t max_tokens):
+    """The oldest half of what may be summarised. See ``_reference.compaction_cut``."""
+    if base_seq > floor_seq:
+        raise ValueError("records must start at or before floor_seq")
+    cdef Py_ssize_t n = records.shape[0] // _RECORD_SIZE
+    cdef const unsigned char* p = &records[0] if records.shape[0] > 0 else NULL
+    cdef int64_t end = base_seq + n
+    cdef Py_ssize_t floor = floor_seq - base_seq
+    cdef Py_ssize_t protect
+    cdef Py_ssize_t cut, best, first_whole = -1
+    cdef int64_t total = 0, target
+    cdef int64_t* suffix_min
+    if protect_from < floor_seq:
+        protect_from = floor_seq
+    if protect_from > end:
+        protect_from = end
+    protect = protect_from - base_seq
+    if floor > n:
+        return (floor_seq, 0, 0)
+    suffix_min = _suffix_min(p, n, base_seq, floor_seq)
+    if suffix_min == NULL:
+        raise MemoryError()
+    with nogil:
+        target = _capped_sum(p, floor, protect, 0xFFFFFFFF) // 2
+        if target > max_tokens:
+            target = max_tokens
+        best = floor
+        for cut in range(floor + 1, protect + 1):
+            total += _u32(p + (cut - 1) * _RECORD_SIZE)
+            if suffix_min[cut] < base_seq + cut:
+                continue  # this cut would split a group
+            if first_whole < 0:
+                first_whole = cut
+            if total > target:
+                break
+            best = cut
+        if best == floor and first_whole >= 0:
+            best = first_whole
+        total = _capped_sum(p, floor, best, 0xFFFFFFFF)
+    free(suffix_min)
+    return (base_seq + best, total, _capped_sum(p, floor, n, 0xFFFFFFFF))
+
+
+def splits_group(const unsigned char[::1] records not None, int64_t base_seq, int64_t floor_seq, int64_t cut):
+    """The first seq at or after ``cut`` in a group started before it. See ``_reference.splits_group``."""
+    cdef Py_ssize_t n = records.shape[0] // _RECORD_SIZE
+    cdef const unsigned char* p = &records[0] if records.shape[0] > 0 else NULL
+    cdef Py_ssize_t j
+    cdef int64_t found = -1
+    with nogil:
+        for j in range(n):
+            if base_seq + j >= cut and _u32(p + j * _RECORD_SIZE + 8) != _NOT_A_UNIT \
+                    and _group_first(p, j, base_seq, floor_seq) < cut:
+                found = base_seq + j
+                break
+    return found

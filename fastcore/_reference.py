@@ -10,14 +10,17 @@ bytes, three little-endian uint32 fields:
     tokens       the event's token count in its run's counter
     iteration    the turn the event belongs to (non-decreasing along a run)
     group_first  the seq of the first event sharing this event's call_id, or the event's own
-                 seq when it has no call_id (a tool call and its results form one group)
+                 seq when it has no call_id (a tool call and its results form one group);
+                 NOT_A_UNIT for a log entry that is not transcript
 """
 
 from __future__ import annotations
 
 import struct
+from typing import Sequence
 
 RECORD_SIZE = 12
+NOT_A_UNIT = 0xFFFFFFFF  # group_first of a log entry that is not transcript (context.summarized)
 _RECORD = struct.Struct("<III")
 
 
@@ -50,34 +53,46 @@ def _clip_cap(tokens: list[int], budget: int) -> int:
 
 
 def select_window(
-    records: bytes, base_seq: int, active_iteration: int, budget: int, max_events: int
-) -> tuple[int, int, int, int] | None:
+    records: bytes, base_seq: int, active_iteration: int, budget: int, max_events: int,
+    floor_seq: int = 0, prefix_tokens: Sequence[int] = (),
+) -> tuple[int, int, int, int, int] | None:
     """Choose the transcript window over the events ``[base_seq, base_seq + n)``.
 
-    ``records`` holds the packed records of those events, which must be the tail of the
-    transcript as of ``active_iteration`` (no record has a greater iteration). ``max_events``
-    is the event-count bound (0: none). Returns ``(start_seq, mandatory_start, tokens, cap)``:
+    ``records`` holds the packed records of those events, which must be the tail of the log as
+    of ``active_iteration`` (no record has a greater iteration). Records whose group_first is
+    ``NOT_A_UNIT`` are log entries that are not transcript (a ``context.summarized`` event):
+    they weigh nothing and are never counted. Events below ``floor_seq`` are replaced by
+    summaries; ``prefix_tokens`` are those summaries' counts, oldest first: the oldest units of
+    the transcript, before ``floor_seq``. ``max_events`` bounds the units (0: no bound).
 
-    - the window is the events ``[start_seq, end)``, a contiguous recent tail;
+    Returns ``(start_seq, mandatory_start, tokens, cap, prefix_in)``:
+
+    - the window is the units of ``[start_seq, end)`` plus the newest ``prefix_in`` summaries
+      (only when every event from ``floor_seq`` on is in): a contiguous recent tail of the
+      transcript; ``start_seq`` is a unit's seq, or ``mandatory_start``;
     - ``[mandatory_start, end)`` is the active turn plus every event grouped with it by
       call_id (and, transitively, whatever lies between): always in;
     - ``cap`` is -1 when everything fits, else the per-event token cap that the mandatory
       events must be clipped to (events above it are clipped to it) so the window fits
       ``budget``; ``tokens`` is then the sum of the capped counts;
-    - a cut never separates a group: it moves to the newer side (the group goes out).
+    - a cut never separates a group: it moves to the newer side (the group goes out); a group
+      reaching below ``floor_seq`` counts as starting there (its older part is summarised).
 
     Returns None when the answer depends on events older than ``base_seq`` (the caller then
-    supplies more history); never when ``base_seq`` is 0.
+    supplies more history); never when ``base_seq <= floor_seq``.
     """
     tokens, iterations, group_first = _unpack(records)
     n = len(tokens)
     end = base_seq + n
+    floor = max(floor_seq - base_seq, 0)  # relative
+    is_unit = [g != NOT_A_UNIT for g in group_first]
+    group_first = [max(g, floor_seq) if unit else base_seq + j for j, (g, unit) in enumerate(zip(group_first, is_unit))]
 
     # The active turn: the trailing events whose iteration is the active one.
     active_start = n
-    while active_start > 0 and iterations[active_start - 1] >= active_iteration:
+    while active_start > floor and iterations[active_start - 1] >= active_iteration:
         active_start -= 1
-    if active_start == 0 and base_seq > 0 and n > 0 and iterations[0] >= active_iteration:
+    if active_start == 0 and base_seq > floor_seq and n > 0:
         return None
 
     # A cut at j (relative) keeps every group whole when no event at or after j has a group
@@ -91,29 +106,32 @@ def select_window(
         return suffix_min[j] >= base_seq + j
 
     mandatory = active_start
-    while mandatory > 0 and not whole(mandatory):
+    while mandatory > floor and not whole(mandatory):
         mandatory -= 1
-    if mandatory == 0 and base_seq > 0 and not whole(0):
+    if mandatory == 0 and base_seq > floor_seq and not whole(0):
         return None
 
     mandatory_tokens = sum(tokens[mandatory:])
     if mandatory_tokens > budget:
-        cap = _clip_cap(tokens[mandatory:], budget)
+        cap = _clip_cap(tokens[mandatory:], budget)  # non-units weigh 0: they never bind the cap
         capped = sum(min(t, cap) for t in tokens[mandatory:])
-        return base_seq + mandatory, base_seq + mandatory, capped, cap
+        return base_seq + mandatory, base_seq + mandatory, capped, cap, 0
 
-    # Extend older while the next event fits the budget and the event-count bound.
+    # Extend older while the next event fits the budget and the unit bound.
     total = mandatory_tokens
+    units = sum(is_unit[mandatory:])
     cut = mandatory
     while True:
-        if max_events > 0 and n - cut >= max_events:
-            break
-        if cut == 0:
-            if base_seq > 0:
+        if cut == floor:
+            if base_seq > floor_seq:
                 return None
             break
-        if total + tokens[cut - 1] > budget:
-            break
+        if is_unit[cut - 1]:
+            if max_events > 0 and units >= max_events:
+                break
+            if total + tokens[cut - 1] > budget:
+                break
+            units += 1
         cut -= 1
         total += tokens[cut]
 
@@ -121,4 +139,70 @@ def select_window(
     while not whole(cut):
         cut += 1
     total = sum(tokens[cut:])
-    return base_seq + cut, base_seq + mandatory, total, -1
+    units = sum(is_unit[cut:])
+
+    # All unsummarised events are in: the summaries before them come in, newest first.
+    prefix_in = 0
+    if cut == floor:
+        for summary_tokens in reversed(prefix_tokens):
+            if (max_events > 0 and units >= max_events) or total + summary_tokens > budget:
+                break
+            total += summary_tokens
+            units += 1
+            prefix_in += 1
+    # The window starts at its oldest event that is transcript: log entries at its edge stay out.
+    while cut < mandatory and not is_unit[cut]:
+        cut += 1
+    return base_seq + cut, base_seq + mandatory, total, -1, prefix_in
+
+
+def compaction_cut(records: bytes, base_seq: int, floor_seq: int, protect_from: int,
+                   max_tokens: int) -> tuple[int, int, int]:
+    """The oldest half of what may be summarised: ``(cut, tokens, unsummarised)`` such that the
+    units of ``[floor_seq, cut)`` are the candidates, ``tokens`` their sum, and
+    ``unsummarised`` the tokens of everything from ``floor_seq`` to the end of ``records``.
+
+    The summarisable units are those of ``[floor_seq, protect_from)``; the target is half their
+    tokens, at most ``max_tokens``. The cut is the largest that keeps every group whole (over
+    the whole log tail that ``records`` holds, which must start at or before ``floor_seq``)
+    with the candidates' tokens within the target; if even the first whole group is over the
+    target, it alone (so that compaction always progresses). ``(floor_seq, 0)`` when nothing
+    before ``protect_from`` can be cut.
+    """
+    if base_seq > floor_seq:
+        raise ValueError("records must start at or before floor_seq")
+    tokens, _, group_first = _unpack(records)
+    n = len(tokens)
+    end = base_seq + n
+    floor = floor_seq - base_seq
+    protect = min(max(protect_from, floor_seq), end) - base_seq
+    group_first = [max(g, floor_seq) if g != NOT_A_UNIT else base_seq + j for j, g in enumerate(group_first)]
+    suffix_min = [0] * (n + 1)
+    suffix_min[n] = end
+    for j in range(n - 1, -1, -1):
+        suffix_min[j] = min(suffix_min[j + 1], group_first[j])
+    target = min(sum(tokens[floor:protect]) // 2, max_tokens)
+    best, first_whole, total = floor, None, 0
+    for cut in range(floor + 1, protect + 1):
+        total += tokens[cut - 1]
+        if suffix_min[cut] < base_seq + cut:
+            continue  # this cut would split a group
+        if first_whole is None:
+            first_whole = cut
+        if total > target:
+            break
+        best = cut
+    if best == floor and first_whole is not None:
+        best = first_whole
+    return base_seq + best, sum(tokens[floor:best]), sum(tokens[floor:])
+
+
+def splits_group(records: bytes, base_seq: int, floor_seq: int, cut: int) -> int:
+    """The first seq at or after ``cut`` whose event belongs to a group that starts before
+    ``cut`` (and at or after ``floor_seq``): a cut there would split that group. -1 if none."""
+    _, _, group_first = _unpack(records)
+    for j, g in enumerate(group_first):
+        seq = base_seq + j
+        if seq >= cut and g != NOT_A_UNIT and max(g, floor_seq) < cut:
+            return seq
+    return -1

@@ -20,6 +20,8 @@ def capability_document(context: ContextSettings) -> dict[str, Any]:
     execution_model["contextBudget"] = {
         "transcriptTokenBudget": context.transcript_token_budget,
         "tokenCounter": context.token_counter,
-        "summarization": {"supported": False},
+        "summarization": ({"supported": True, "strategy": context.summarization_strategy,
+                           "keepLastTurns": context.keep_last_turns}
+                          if context.summarization else {"supported": False}),
     }
     return {"multiAgent": {"executionModel": execution_model}}

@@ -23,10 +23,12 @@ class SidecarError(Exception):
 
     code: str = "internal"
 
-    def __init__(self, message: str, violations: tuple[FieldViolation, ...] = ()) -> None:
+    def __init__(self, message: str, violations: tuple[FieldViolation, ...] = (),
+                 metadata: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.violations = violations
+        self.metadata = metadata or {}  # travels as ErrorInfo.metadata
 
     @classmethod
     def field(cls, field: str, description: str) -> Self:
@@ -54,3 +56,9 @@ class TokenBudgetExceeded(SidecarError):
 
 class StoreFull(SidecarError):
     code = "store_full"
+
+
+class SummaryUnavailable(SidecarError):
+    """A summary that a window or a replay needs can no longer be read (its artifact is gone)."""
+
+    code = "replay_context_summary_unavailable"

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 import fastcore
 from sidecar.pb.contextsidecar.storage.v1.records_pb2 import EventRecord
 
-ROLES = ("system", "user", "assistant", "tool")
 ID_SEPARATOR = "\0"
 
 _COUNT_RECORD = struct.Struct("<III")

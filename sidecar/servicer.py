@@ -19,7 +19,7 @@ from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
 from sidecar.records import StoredEvent
 from sidecar.status import answers_errors
-from sidecar.transcript import AppendResult, NewEvent, RunSettings, Transcripts, TranscriptWindow
+from sidecar.transcript import AppendResult, NewEvent, RunSettings, SummaryRequest, Transcripts, TranscriptWindow
 
 # Until tenants are configured (bearer tokens), every call belongs to this one tenant.
 DEFAULT_TENANT = "default"
@@ -38,7 +38,10 @@ def _settings(settings: RunSettings) -> pb.RunSettings:
     return pb.RunSettings(token_counter=settings.token_counter,
                           transcript_token_budget=settings.transcript_token_budget,
                           keep_last_turns=settings.keep_last_turns,
-                          transcript_window=settings.transcript_window)
+                          transcript_window=settings.transcript_window,
+                          summarization_supported=settings.summarization,
+                          summarization_strategy=settings.summarization_strategy,
+                          keep_last_tokens=settings.keep_last_tokens)
 
 
 def _appended(results: list[AppendResult]) -> list[pb.AppendResult]:
@@ -82,7 +85,9 @@ def _assembled(window: TranscriptWindow, appended: list[AppendResult]) -> bytes:
     head = pb.AssembleContextResponse(
         run_id=window.run_id, iteration=window.iteration, token_counter=window.token_counter,
         token_budget=window.token_budget, token_count=window.token_count, event_ids=window.event_ids,
-        omitted_events=window.omitted_events, appended=_appended(appended))
+        omitted_events=window.omitted_events, appended=_appended(appended),
+        compaction=pb.Compaction(due=window.compaction.due, candidate_event_ids=window.compaction.candidate_ids,
+                                 tokens_before=window.compaction.tokens_before))
     # Fields may come in any order in protobuf's encoding; repeated ones concatenate.
     return head.SerializeToString() + _EntriesAsBytes(entries=entries).SerializeToString()
 
@@ -99,9 +104,13 @@ class ContextSidecarServicer(pb_grpc.ContextSidecarServicer):
     @answers_errors
     def OpenRun(self, request: pb.OpenRunRequest, context: grpc.ServicerContext) -> pb.OpenRunResponse:
         settings, created = self._transcripts.open_run(
-            self._tenant(context), request.run_id, _optional(request, "token_counter"),
-            _optional(request, "transcript_token_budget"), _optional(request, "keep_last_turns"),
-            _optional(request, "transcript_window"))
+            self._tenant(context), request.run_id, token_counter=_optional(request, "token_counter"),
+            transcript_token_budget=_optional(request, "transcript_token_budget"),
+            keep_last_turns=_optional(request, "keep_last_turns"),
+            transcript_window=_optional(request, "transcript_window"),
+            summarization=_optional(request, "summarization_supported"),
+            summarization_strategy=_optional(request, "summarization_strategy"),
+            keep_last_tokens=_optional(request, "keep_last_tokens"))
         return pb.OpenRunResponse(settings=_settings(settings), created=created)
 
     @answers_errors
@@ -131,12 +140,46 @@ class ContextSidecarServicer(pb_grpc.ContextSidecarServicer):
             run_id=window.run_id, iteration=window.iteration, token_counter=window.token_counter,
             token_budget=window.token_budget, token_count=window.token_count, event_ids=window.event_ids,
             entries=[pb.RenderedEntry(event_id=e.event.event_id, rendered=e.text, tokens=e.tokens)
-                     for e in window.entries()])
+                     for e in window.entries()],
+            summarized_ranges=[pb.SummarizedRange(summary_ref=r.summary_ref, replaced_turns=r.replaced_turns)
+                               for r in window.summarized_ranges])
 
     @answers_errors
     def CountTokens(self, request: pb.CountTokensRequest, context: grpc.ServicerContext) -> pb.CountTokensResponse:
         counter = self._counters.get(request.token_counter)
         return pb.CountTokensResponse(token_counter=counter.name, counts=[counter.count(t) for t in request.texts])
+
+    @answers_errors
+    def RecordSummary(self, request: pb.RecordSummaryRequest, context: grpc.ServicerContext) -> pb.RecordSummaryResponse:
+        summary, entry, created = self._transcripts.record_summary(self._tenant(context), request.run_id, SummaryRequest(
+            request.iteration, tuple(request.replaced_event_ids), request.summary_text, request.strategy,
+            _optional(request, "host_token_count")))
+        return pb.RecordSummaryResponse(summary_ref=summary.ref, tokens_before=summary.tokens_before,
+                                        tokens_after=summary.tokens_after, event=_stored_event(entry), created=created)
+
+    @answers_errors
+    def GetArtifact(self, request: pb.GetArtifactRequest, context: grpc.ServicerContext) -> pb.GetArtifactResponse:
+        artifact = self._transcripts.get_artifact(self._tenant(context), request.run_id, request.artifact_id)
+        return pb.GetArtifactResponse(artifact_id=artifact.event_id, content=artifact.content, tokens=artifact.tokens,
+                                      iteration=artifact.iteration)
+
+    @answers_errors
+    def DeleteArtifact(self, request: pb.DeleteArtifactRequest,
+                       context: grpc.ServicerContext) -> pb.DeleteArtifactResponse:
+        self._transcripts.delete_artifact(self._tenant(context), request.run_id, request.artifact_id)
+        return pb.DeleteArtifactResponse()
+
+    @answers_errors
+    def ForkRun(self, request: pb.ForkRunRequest, context: grpc.ServicerContext) -> pb.ForkRunResponse:
+        fork, created = self._transcripts.fork_run(self._tenant(context), request.source_run_id, request.from_seq,
+                                                   request.mode, request.new_run_id)
+        return pb.ForkRunResponse(settings=_settings(fork.settings), next_seq=fork.next_seq,
+                                  pending_summaries=fork.replay_pending, created=created)
+
+    @answers_errors
+    def DeleteRun(self, request: pb.DeleteRunRequest, context: grpc.ServicerContext) -> pb.DeleteRunResponse:
+        self._transcripts.delete_run(self._tenant(context), request.run_id)
+        return pb.DeleteRunResponse()
 
     @answers_errors
     def GetCapabilities(self, request: pb.GetCapabilitiesRequest,

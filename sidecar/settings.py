@@ -19,16 +19,19 @@ from typing import Any, Mapping
 ENV_PREFIX = "CONTEXT_SIDECAR_"
 CONFIG_ENV = ENV_PREFIX + "CONFIG"
 TOKEN_COUNTERS = ("o200k_base", "cl100k_base", "chars", "host-defined")
+STRATEGIES = ("sliding-window", "recursive", "map-reduce")  # RFC 0111 summarization.strategy
+SUMMARISERS = ("none", "extractive")
+ROLES = ("system", "user", "assistant", "tool")
 
 
 class ConfigError(Exception):
     """A configuration value is missing, malformed or out of range; the message names the key."""
 
 
-def _option(default: Any, help: str, *, flag: str | None = None, minimum: int | None = None,
-            choices: tuple[str, ...] | None = None, size: bool = False) -> Any:
+def _option(default: Any, help: str, *, flag: str | None = None, minimum: float | None = None,
+            maximum: float | None = None, choices: tuple[str, ...] | None = None, size: bool = False) -> Any:
     return field(default=default, metadata={
-        "help": help, "flag": flag, "minimum": minimum, "choices": choices, "size": size})
+        "help": help, "flag": flag, "minimum": minimum, "maximum": maximum, "choices": choices, "size": size})
 
 
 @dataclass(frozen=True)
@@ -67,7 +70,21 @@ class ContextSettings:
         32000, "transcriptTokenBudget: the most transcript tokens fed to one turn; runs may only "
         "set a tighter budget", minimum=1)
     keep_last_turns: int = _option(
-        3, "keepLastTurns: turns kept verbatim once summarization is on", minimum=0)
+        3, "keepLastTurns: the most recent turns summaries never replace", minimum=0)
+    keep_last_tokens: int = _option(
+        0, "the most recent tokens summaries never replace (with keep_last_turns, the larger floor wins)",
+        minimum=0)
+    summarization: bool = _option(
+        False, "new runs accept summaries (RecordSummary) and say when compaction is due")
+    summarization_strategy: str = _option(
+        "sliding-window", "the summarization strategy new runs declare", choices=STRATEGIES)
+    compaction_fraction: float = _option(
+        0.75, "compaction is due once the unsummarised transcript exceeds this fraction of the budget",
+        minimum=0.01, maximum=1.0)
+    summariser: str = _option(
+        "none", "'extractive': the sidecar records a deterministic extractive summary itself when "
+        "compaction is due; 'none': the host summarises", choices=SUMMARISERS)
+    summary_role: str = _option("system", "the role a summary entry is fed with", choices=ROLES)
     transcript_window: int = _option(
         0, "transcriptWindow: the most events fed to one turn; 0 means no event-count bound",
         minimum=0)
@@ -139,8 +156,10 @@ def _coerce(section: str, option: dataclasses.Field, value: Any, source: str) ->
             number = float(value)
         except (TypeError, ValueError):
             raise ConfigError(f"{where}: expected a number, got {value!r}") from None
-        if number < 0:
-            raise ConfigError(f"{where}: must not be negative, got {number}")
+        low, high = meta["minimum"] if meta["minimum"] is not None else 0.0, meta["maximum"]
+        if number < low or (high is not None and number > high):
+            span = f"between {low} and {high}" if high is not None else f"at least {low}"
+            raise ConfigError(f"{where}: must be {span}, got {number}")
         return number
     if not isinstance(value, str):
         raise ConfigError(f"{where}: expected a string, got {value!r}")

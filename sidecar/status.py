@@ -26,6 +26,7 @@ STATUS_BY_CODE: dict[str, grpc.StatusCode] = {
     "conflict": grpc.StatusCode.ALREADY_EXISTS,
     "token_budget_exceeded": grpc.StatusCode.FAILED_PRECONDITION,
     "store_full": grpc.StatusCode.RESOURCE_EXHAUSTED,
+    "replay_context_summary_unavailable": grpc.StatusCode.FAILED_PRECONDITION,
     "internal": grpc.StatusCode.INTERNAL,
 }
 
@@ -33,7 +34,8 @@ STATUS_BY_CODE: dict[str, grpc.StatusCode] = {
 def to_status(error: SidecarError) -> grpc.Status:
     code = STATUS_BY_CODE[error.code]
     detail = status_pb2.Status(code=code.value[0], message=error.message)
-    detail.details.add().Pack(error_details_pb2.ErrorInfo(reason=error.code, domain=ERROR_DOMAIN))
+    detail.details.add().Pack(error_details_pb2.ErrorInfo(reason=error.code, domain=ERROR_DOMAIN,
+                                                          metadata=error.metadata))
     if error.violations:
         detail.details.add().Pack(error_details_pb2.BadRequest(field_violations=[
             error_details_pb2.BadRequest.FieldViolation(field=v.field, description=v.description)

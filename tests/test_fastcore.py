@@ -49,15 +49,22 @@ def test_code_points_random() -> None:
 
 # -- window selection -----------------------------------------------------------------------
 
-def make_transcript(rng: random.Random, n: int) -> list[tuple[int, int, int]]:
+SKIP = _reference.NOT_A_UNIT
+
+
+def make_transcript(rng: random.Random, n: int, with_log_entries: bool = False) -> list[tuple[int, int, int]]:
     """(tokens, iteration, group_first) per event: non-decreasing iterations, some tool groups
-    (a call and one or two results, sometimes spanning turns), some huge and some empty events."""
+    (a call and one or two results, sometimes spanning turns), some huge and some empty events,
+    and optionally log entries that are not transcript (context.summarized)."""
     records: list[tuple[int, int, int]] = []
     iteration = 1
     open_groups: list[int] = []
     for seq in range(n):
         if rng.random() < 0.3:
             iteration += rng.choice((1, 1, 2))
+        if with_log_entries and rng.random() < 0.1:
+            records.append((0, iteration, SKIP))
+            continue
         tokens = rng.choice((0, 1, 5, 20, 50, 120, 400, 2000))
         group_first = seq
         roll = rng.random()
@@ -75,47 +82,61 @@ def pack(records: list[tuple[int, int, int]]) -> bytes:
     return b"".join(PACK.pack(*record) for record in records)
 
 
-def oracle(records: list[tuple[int, int, int]], active: int, budget: int, max_events: int):
+def oracle(records, active: int, budget: int, max_events: int, floor: int = 0, prefix: tuple[int, ...] = ()):
     """The rules, restated by brute force over every possible cut."""
     n = len(records)
     tokens = [r[0] for r in records]
+    unit = [r[2] != SKIP for r in records]
+    group = [max(r[2], floor) if unit[j] else j for j, r in enumerate(records)]
 
     def whole(cut: int) -> bool:  # no group straddles the cut
-        return all(records[j][2] >= cut for j in range(cut, n))
+        return all(group[j] >= cut for j in range(cut, n))
 
-    active_start = next((j for j in range(n) if records[j][1] >= active), n)
-    mandatory = max(j for j in range(active_start + 1) if whole(j))
+    active_start = next((j for j in range(floor, n) if records[j][1] >= active), n)
+    mandatory = max(j for j in range(floor, active_start + 1) if whole(j))
     if sum(tokens[mandatory:]) > budget:
         return "clip", mandatory
-    fits = [s for s in range(mandatory + 1) if whole(s) and sum(tokens[s:]) <= budget
-            and (max_events == 0 or n - s <= max_events or s == mandatory)]
-    return "window", min(fits), mandatory
+    fits = [c for c in range(floor, mandatory + 1) if whole(c) and sum(tokens[c:]) <= budget
+            and (max_events == 0 or sum(unit[c:]) <= max_events or c == mandatory)]
+    start = min(fits)
+    prefix_in, total, units = 0, sum(tokens[start:]), sum(unit[start:])
+    if start == floor:
+        for summary in reversed(prefix):
+            if (max_events and units >= max_events) or total + summary > budget:
+                break
+            total, units, prefix_in = total + summary, units + 1, prefix_in + 1
+    while start < mandatory and not unit[start]:
+        start += 1  # the window starts at a transcript event
+    return "window", start, mandatory, total, prefix_in
 
 
-def check_one(records, active, budget, max_events) -> None:
+def check_one(records, active, budget, max_events, floor=0, prefix=()) -> None:
     packed = pack(records)
-    compiled = fastcore.select_window(packed, 0, active, budget, max_events)
-    reference = _reference.select_window(packed, 0, active, budget, max_events)
-    assert compiled == reference, (records, active, budget, max_events)
-    start, mandatory, total, cap = compiled
+    compiled = fastcore.select_window(packed, 0, active, budget, max_events, floor, prefix)
+    reference = _reference.select_window(packed, 0, active, budget, max_events, floor, prefix)
+    assert compiled == reference, (records, active, budget, max_events, floor, prefix)
+    start, mandatory, total, cap, prefix_in = compiled
     tokens = [r[0] for r in records]
-    expected = oracle(records, active, budget, max_events)
+    expected = oracle(records, active, budget, max_events, floor, prefix)
     if cap >= 0:
-        assert expected == ("clip", mandatory) and start == mandatory
+        assert expected == ("clip", mandatory) and start == mandatory and prefix_in == 0
         assert total == sum(min(t, cap) for t in tokens[mandatory:]) <= budget
         # The cap is the largest that fits: one more would not.
         assert sum(min(t, cap + 1) for t in tokens[mandatory:]) > budget
     else:
-        assert expected == ("window", start, mandatory)
-        assert total == sum(tokens[start:]) <= budget
+        assert expected == ("window", start, mandatory, total, prefix_in)
+        assert total <= budget
 
     # Given only a tail of the history, the answer is the same or "need more": never different.
     for base in sorted({len(records) // 2, max(len(records) - 3, 0), len(records) - 1}):
         if base <= 0:
             continue
-        partial = fastcore.select_window(packed[base * PACK.size:], base, active, budget, max_events)
-        assert partial == _reference.select_window(packed[base * PACK.size:], base, active, budget, max_events)
+        args = (packed[base * PACK.size:], base, active, budget, max_events, floor, prefix)
+        partial = fastcore.select_window(*args)
+        assert partial == _reference.select_window(*args)
         assert partial is None or partial == compiled
+        if base <= floor:
+            assert partial is not None
 
 
 def test_window_random_against_reference_and_oracle() -> None:
@@ -128,18 +149,80 @@ def test_window_random_against_reference_and_oracle() -> None:
         check_one(records, active, budget, max_events)
 
 
+def test_window_with_summaries_against_reference_and_oracle() -> None:
+    rng = random.Random(111)
+    for _ in range(1500):
+        records = make_transcript(rng, rng.randrange(1, 60), with_log_entries=True)
+        active = records[-1][1] if rng.random() < 0.8 else records[-1][1] + 1
+        # The floor never cuts into the active turn (summaries never replace it).
+        active_start = next((j for j, r in enumerate(records) if r[1] >= active), len(records))
+        floor = rng.randrange(0, active_start + 1)
+        prefix = tuple(rng.choice((5, 40, 100, 300)) for _ in range(rng.randrange(0, 5)))
+        budget = rng.choice((1, 10, 100, 500, 1000, 5000))
+        max_events = rng.choice((0, 0, 1, 3, 10))
+        check_one(records, active, budget, max_events, floor, prefix)
+
+
+def compaction_oracle(records, floor: int, protect: int, max_tokens: int) -> tuple[int, int]:
+    n = len(records)
+    tokens = [r[0] for r in records]
+    group = [max(r[2], floor) if r[2] != SKIP else j for j, r in enumerate(records)]
+    protect = min(max(protect, floor), n)
+    whole = [c for c in range(floor + 1, protect + 1) if all(group[j] >= c for j in range(c, n))]
+    target = min(sum(tokens[floor:protect]) // 2, max_tokens)
+    within = [c for c in whole if sum(tokens[floor:c]) <= target]
+    cut = max(within) if within else (whole[0] if whole else floor)
+    return cut, sum(tokens[floor:cut]), sum(tokens[floor:])
+
+
+def test_compaction_cut_against_reference_and_oracle() -> None:
+    rng = random.Random(5)
+    for _ in range(1500):
+        records = make_transcript(rng, rng.randrange(1, 50), with_log_entries=True)
+        floor = rng.randrange(0, len(records) + 1)
+        protect = rng.randrange(0, len(records) + 2)
+        max_tokens = rng.choice((1, 50, 500, 10_000))
+        base = rng.randrange(0, floor + 1)
+        packed = pack(records)[base * PACK.size:]
+        compiled = fastcore.compaction_cut(packed, base, floor, protect, max_tokens)
+        assert compiled == _reference.compaction_cut(packed, base, floor, protect, max_tokens)
+        assert compiled == compaction_oracle(records, floor, protect, max_tokens)
+    with pytest.raises(ValueError):
+        fastcore.compaction_cut(pack([(1, 1, 0)]), 1, 0, 1, 10)
+
+
+def test_splits_group_against_reference_and_oracle() -> None:
+    rng = random.Random(9)
+    for _ in range(1000):
+        records = make_transcript(rng, rng.randrange(1, 40), with_log_entries=True)
+        floor = rng.randrange(0, len(records))
+        cut = rng.randrange(floor, len(records) + 1)
+        base = rng.randrange(0, floor + 1)
+        packed = pack(records)[base * PACK.size:]
+        expected = next((j for j in range(max(cut, base), len(records))
+                         if records[j][2] != SKIP and max(records[j][2], floor) < cut), -1)
+        assert fastcore.splits_group(packed, base, floor, cut) == _reference.splits_group(packed, base, floor, cut) == expected
+
+
 def test_window_fixed_cases() -> None:
     # A call (seq 1) and its result (seq 3) straddle the budget cut at 2: both go.
     records = [(10, 1, 0), (10, 1, 1), (10, 2, 2), (10, 2, 1), (10, 3, 4)]
-    assert fastcore.select_window(pack(records), 0, 3, 25, 0) == (4, 4, 10, -1)
+    assert fastcore.select_window(pack(records), 0, 3, 25, 0) == (4, 4, 10, -1, 0)
     # The active turn's result pulls its call (and what lies between) in, over the budget.
-    assert fastcore.select_window(pack(records[:4]), 0, 2, 15, 0) == (1, 1, 15, 5)
+    assert fastcore.select_window(pack(records[:4]), 0, 2, 15, 0) == (1, 1, 15, 5, 0)
     # The event-count bound is tighter than the budget.
-    assert fastcore.select_window(pack([(1, 1, 0), (1, 1, 1), (1, 2, 2)]), 0, 2, 100, 2) == (1, 2, 2, -1)
+    assert fastcore.select_window(pack([(1, 1, 0), (1, 1, 1), (1, 2, 2)]), 0, 2, 100, 2) == (1, 2, 2, -1, 0)
     # The active turn alone exceeds the budget: clip to a per-event cap (water-filling).
-    assert fastcore.select_window(pack([(5, 1, 0), (100, 2, 1), (3, 2, 2)]), 0, 2, 50, 0) == (1, 1, 50, 47)
+    assert fastcore.select_window(pack([(5, 1, 0), (100, 2, 1), (3, 2, 2)]), 0, 2, 50, 0) == (1, 1, 50, 47, 0)
     # Nothing assembled yet for an iteration before any event.
-    assert fastcore.select_window(b"", 0, 1, 10, 0) == (0, 0, 0, -1)
+    assert fastcore.select_window(b"", 0, 1, 10, 0) == (0, 0, 0, -1, 0)
+    # Events 0-1 are summarised (two summaries of 7 and 9 tokens); a log entry at 2 weighs
+    # nothing; both summaries fit after the unsummarised events, the older one does not.
+    summarised = [(10, 1, 0), (10, 1, 1), (0, 2, SKIP), (10, 2, 3), (10, 3, 4)]
+    assert fastcore.select_window(pack(summarised), 0, 3, 30, 0, 2, (7, 9)) == (3, 4, 29, -1, 1)
+    assert fastcore.select_window(pack(summarised), 0, 3, 40, 0, 2, (7, 9)) == (3, 4, 36, -1, 2)
+    # A unit bound of 3 counts summaries, not log entries.
+    assert fastcore.select_window(pack(summarised), 0, 3, 40, 3, 2, (7, 9)) == (3, 4, 29, -1, 1)
 
 
 def test_select_window_rejects_a_missing_buffer() -> None:

@@ -55,7 +55,7 @@ def test_imports_run_one_way() -> None:
     for line in (ROOT / "fastcore" / "_fastcore.pyx").read_text().splitlines():
         if line.startswith(("import ", "from ", "cimport ")):
             fastcore_imports.add(line.split()[1])
-    assert all(name.startswith(("libc", "struct", "__future__", "fastcore")) for name in fastcore_imports), fastcore_imports
+    assert not any(name.split(".")[0] in ("lmdb", "google", "grpc", "sidecar") for name in fastcore_imports), fastcore_imports
 
 
 def test_event_records_are_window_entries_on_the_wire() -> None:

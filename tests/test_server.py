@@ -130,6 +130,18 @@ def test_capabilities_document_validates_against_its_schema(start_server) -> Non
         jsonschema.validate(document, schema)
 
 
+def test_capabilities_advertise_summarization_only_when_on(start_server) -> None:
+    schema = json.loads((SCHEMAS / "capabilities.schema.json").read_text())
+    sidecar = start_server(summarization=True, summarization_strategy="recursive", keep_last_turns=4)
+    document = json.loads(sidecar.stub.GetCapabilities(pb.GetCapabilitiesRequest()).capabilities_json)
+    jsonschema.validate(document, schema)
+    assert document["multiAgent"]["executionModel"]["contextBudget"]["summarization"] == {
+        "supported": True, "strategy": "recursive", "keepLastTurns": 4}
+    document["multiAgent"]["executionModel"]["contextBudget"]["summarization"]["strategy"] = "best-effort"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(document, schema)
+
+
 BAD_REQUESTS = [
     ("OpenRun", pb.OpenRunRequest(run_id=""), grpc.StatusCode.INVALID_ARGUMENT, "validation_error", "run_id"),
     ("OpenRun", pb.OpenRunRequest(run_id="r", transcript_token_budget=0), grpc.StatusCode.INVALID_ARGUMENT,

@@ -59,6 +59,9 @@ def test_config_path_from_the_environment(tmp_path: Path) -> None:
     ("[server]\nlisten = \"0.0.0.0:50051\"\n", "[server] listen"),
     ("[server]\nlisten = \"localhost\"\n", "[server] listen"),
     ("[context\n", "not valid TOML"),
+    ("[context]\ncompaction_fraction = 1.5\n", "[context] compaction_fraction"),
+    ("[context]\nsummariser = \"llm\"\n", "[context] summariser"),
+    ("[context]\nsummarization_strategy = \"sliding\"\n", "[context] summarization_strategy"),
 ])
 def test_bad_file_values_name_the_key(tmp_path: Path, text: str, expected: str) -> None:
     with pytest.raises(ConfigError) as raised:

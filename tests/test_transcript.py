@@ -25,12 +25,13 @@ def log_of(transcripts, run_id: str) -> list:
 
 def test_open_run_is_idempotent_and_rejects_different_settings(make_transcripts) -> None:
     transcripts = make_transcripts(transcript_token_budget=5000)
-    settings, created = transcripts.open_run(TENANT, "run", "chars", 2000, 2, 10)
+    given = dict(token_counter="chars", transcript_token_budget=2000, keep_last_turns=2, transcript_window=10)
+    settings, created = transcripts.open_run(TENANT, "run", **given)
     assert created and settings.transcript_token_budget == 2000 and settings.token_counter == "chars"
-    assert transcripts.open_run(TENANT, "run", "chars", 2000, 2, 10) == (settings, False)
+    assert transcripts.open_run(TENANT, "run", **given) == (settings, False)
     assert transcripts.open_run(TENANT, "run") == (settings, False)  # omitted fields: no opinion
     with pytest.raises(Conflict) as raised:
-        transcripts.open_run(TENANT, "run", "o200k_base", 2000)
+        transcripts.open_run(TENANT, "run", token_counter="o200k_base", transcript_token_budget=2000)
     assert [v.field for v in raised.value.violations] == ["token_counter"]
 
 

@@ -311,7 +311,8 @@ describe('context sidecar over gRPC (Node.js client)', () => {
     const opened = await client.openRun({ run_id: RUN_ID, token_counter: 'chars', transcript_token_budget: BUDGET });
     assert.equal(opened.created, true);
     assert.deepEqual(opened.settings, { token_counter: 'chars', transcript_token_budget: BUDGET,
-      keep_last_turns: 3, transcript_window: 0 });
+      keep_last_turns: 3, transcript_window: 0, summarization_supported: false,
+      summarization_strategy: 'sliding-window', keep_last_tokens: 0 });
     // Confirming with the same settings, or none, is not a conflict.
     assert.equal((await client.openRun({ run_id: RUN_ID, token_counter: 'chars' })).created, false);
     assert.equal((await client.openRun({ run_id: RUN_ID })).created, false);

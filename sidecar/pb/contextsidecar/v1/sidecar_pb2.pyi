@@ -7,30 +7,42 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RunSettings(_message.Message):
-    __slots__ = ("token_counter", "transcript_token_budget", "keep_last_turns", "transcript_window")
+    __slots__ = ("token_counter", "transcript_token_budget", "keep_last_turns", "transcript_window", "summarization_supported", "summarization_strategy", "keep_last_tokens")
     TOKEN_COUNTER_FIELD_NUMBER: _ClassVar[int]
     TRANSCRIPT_TOKEN_BUDGET_FIELD_NUMBER: _ClassVar[int]
     KEEP_LAST_TURNS_FIELD_NUMBER: _ClassVar[int]
     TRANSCRIPT_WINDOW_FIELD_NUMBER: _ClassVar[int]
+    SUMMARIZATION_SUPPORTED_FIELD_NUMBER: _ClassVar[int]
+    SUMMARIZATION_STRATEGY_FIELD_NUMBER: _ClassVar[int]
+    KEEP_LAST_TOKENS_FIELD_NUMBER: _ClassVar[int]
     token_counter: str
     transcript_token_budget: int
     keep_last_turns: int
     transcript_window: int
-    def __init__(self, token_counter: _Optional[str] = ..., transcript_token_budget: _Optional[int] = ..., keep_last_turns: _Optional[int] = ..., transcript_window: _Optional[int] = ...) -> None: ...
+    summarization_supported: bool
+    summarization_strategy: str
+    keep_last_tokens: int
+    def __init__(self, token_counter: _Optional[str] = ..., transcript_token_budget: _Optional[int] = ..., keep_last_turns: _Optional[int] = ..., transcript_window: _Optional[int] = ..., summarization_supported: _Optional[bool] = ..., summarization_strategy: _Optional[str] = ..., keep_last_tokens: _Optional[int] = ...) -> None: ...
 
 class OpenRunRequest(_message.Message):
-    __slots__ = ("run_id", "token_counter", "transcript_token_budget", "keep_last_turns", "transcript_window")
+    __slots__ = ("run_id", "token_counter", "transcript_token_budget", "keep_last_turns", "transcript_window", "summarization_supported", "summarization_strategy", "keep_last_tokens")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_COUNTER_FIELD_NUMBER: _ClassVar[int]
     TRANSCRIPT_TOKEN_BUDGET_FIELD_NUMBER: _ClassVar[int]
     KEEP_LAST_TURNS_FIELD_NUMBER: _ClassVar[int]
     TRANSCRIPT_WINDOW_FIELD_NUMBER: _ClassVar[int]
+    SUMMARIZATION_SUPPORTED_FIELD_NUMBER: _ClassVar[int]
+    SUMMARIZATION_STRATEGY_FIELD_NUMBER: _ClassVar[int]
+    KEEP_LAST_TOKENS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     token_counter: str
     transcript_token_budget: int
     keep_last_turns: int
     transcript_window: int
-    def __init__(self, run_id: _Optional[str] = ..., token_counter: _Optional[str] = ..., transcript_token_budget: _Optional[int] = ..., keep_last_turns: _Optional[int] = ..., transcript_window: _Optional[int] = ...) -> None: ...
+    summarization_supported: bool
+    summarization_strategy: str
+    keep_last_tokens: int
+    def __init__(self, run_id: _Optional[str] = ..., token_counter: _Optional[str] = ..., transcript_token_budget: _Optional[int] = ..., keep_last_turns: _Optional[int] = ..., transcript_window: _Optional[int] = ..., summarization_supported: _Optional[bool] = ..., summarization_strategy: _Optional[str] = ..., keep_last_tokens: _Optional[int] = ...) -> None: ...
 
 class OpenRunResponse(_message.Message):
     __slots__ = ("settings", "created")
@@ -157,7 +169,7 @@ class WindowEntry(_message.Message):
     def __init__(self, event_id: _Optional[str] = ..., seq: _Optional[int] = ..., iteration: _Optional[int] = ..., role: _Optional[str] = ..., type: _Optional[str] = ..., call_id: _Optional[str] = ..., text: _Optional[str] = ..., tokens: _Optional[int] = ..., clipped_from_tokens: _Optional[int] = ...) -> None: ...
 
 class AssembleContextResponse(_message.Message):
-    __slots__ = ("run_id", "iteration", "token_counter", "token_budget", "token_count", "entries", "event_ids", "omitted_events", "appended")
+    __slots__ = ("run_id", "iteration", "token_counter", "token_budget", "token_count", "entries", "event_ids", "omitted_events", "appended", "compaction")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     ITERATION_FIELD_NUMBER: _ClassVar[int]
     TOKEN_COUNTER_FIELD_NUMBER: _ClassVar[int]
@@ -167,6 +179,7 @@ class AssembleContextResponse(_message.Message):
     EVENT_IDS_FIELD_NUMBER: _ClassVar[int]
     OMITTED_EVENTS_FIELD_NUMBER: _ClassVar[int]
     APPENDED_FIELD_NUMBER: _ClassVar[int]
+    COMPACTION_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     iteration: int
     token_counter: str
@@ -176,7 +189,26 @@ class AssembleContextResponse(_message.Message):
     event_ids: _containers.RepeatedScalarFieldContainer[str]
     omitted_events: int
     appended: _containers.RepeatedCompositeFieldContainer[AppendResult]
-    def __init__(self, run_id: _Optional[str] = ..., iteration: _Optional[int] = ..., token_counter: _Optional[str] = ..., token_budget: _Optional[int] = ..., token_count: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[WindowEntry, _Mapping]]] = ..., event_ids: _Optional[_Iterable[str]] = ..., omitted_events: _Optional[int] = ..., appended: _Optional[_Iterable[_Union[AppendResult, _Mapping]]] = ...) -> None: ...
+    compaction: Compaction
+    def __init__(self, run_id: _Optional[str] = ..., iteration: _Optional[int] = ..., token_counter: _Optional[str] = ..., token_budget: _Optional[int] = ..., token_count: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[WindowEntry, _Mapping]]] = ..., event_ids: _Optional[_Iterable[str]] = ..., omitted_events: _Optional[int] = ..., appended: _Optional[_Iterable[_Union[AppendResult, _Mapping]]] = ..., compaction: _Optional[_Union[Compaction, _Mapping]] = ...) -> None: ...
+
+class Compaction(_message.Message):
+    __slots__ = ("due", "candidate_event_ids", "tokens_before")
+    DUE_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATE_EVENT_IDS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    due: bool
+    candidate_event_ids: _containers.RepeatedScalarFieldContainer[str]
+    tokens_before: int
+    def __init__(self, due: _Optional[bool] = ..., candidate_event_ids: _Optional[_Iterable[str]] = ..., tokens_before: _Optional[int] = ...) -> None: ...
+
+class SummarizedRange(_message.Message):
+    __slots__ = ("summary_ref", "replaced_turns")
+    SUMMARY_REF_FIELD_NUMBER: _ClassVar[int]
+    REPLACED_TURNS_FIELD_NUMBER: _ClassVar[int]
+    summary_ref: str
+    replaced_turns: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, summary_ref: _Optional[str] = ..., replaced_turns: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GetTranscriptWindowRequest(_message.Message):
     __slots__ = ("run_id", "iteration")
@@ -197,7 +229,7 @@ class RenderedEntry(_message.Message):
     def __init__(self, event_id: _Optional[str] = ..., rendered: _Optional[str] = ..., tokens: _Optional[int] = ...) -> None: ...
 
 class GetTranscriptWindowResponse(_message.Message):
-    __slots__ = ("run_id", "iteration", "token_counter", "token_budget", "token_count", "event_ids", "entries")
+    __slots__ = ("run_id", "iteration", "token_counter", "token_budget", "token_count", "event_ids", "entries", "summarized_ranges")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     ITERATION_FIELD_NUMBER: _ClassVar[int]
     TOKEN_COUNTER_FIELD_NUMBER: _ClassVar[int]
@@ -205,6 +237,7 @@ class GetTranscriptWindowResponse(_message.Message):
     TOKEN_COUNT_FIELD_NUMBER: _ClassVar[int]
     EVENT_IDS_FIELD_NUMBER: _ClassVar[int]
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    SUMMARIZED_RANGES_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     iteration: int
     token_counter: str
@@ -212,7 +245,8 @@ class GetTranscriptWindowResponse(_message.Message):
     token_count: int
     event_ids: _containers.RepeatedScalarFieldContainer[str]
     entries: _containers.RepeatedCompositeFieldContainer[RenderedEntry]
-    def __init__(self, run_id: _Optional[str] = ..., iteration: _Optional[int] = ..., token_counter: _Optional[str] = ..., token_budget: _Optional[int] = ..., token_count: _Optional[int] = ..., event_ids: _Optional[_Iterable[str]] = ..., entries: _Optional[_Iterable[_Union[RenderedEntry, _Mapping]]] = ...) -> None: ...
+    summarized_ranges: _containers.RepeatedCompositeFieldContainer[SummarizedRange]
+    def __init__(self, run_id: _Optional[str] = ..., iteration: _Optional[int] = ..., token_counter: _Optional[str] = ..., token_budget: _Optional[int] = ..., token_count: _Optional[int] = ..., event_ids: _Optional[_Iterable[str]] = ..., entries: _Optional[_Iterable[_Union[RenderedEntry, _Mapping]]] = ..., summarized_ranges: _Optional[_Iterable[_Union[SummarizedRange, _Mapping]]] = ...) -> None: ...
 
 class CountTokensRequest(_message.Message):
     __slots__ = ("token_counter", "texts")
@@ -239,3 +273,99 @@ class GetCapabilitiesResponse(_message.Message):
     CAPABILITIES_JSON_FIELD_NUMBER: _ClassVar[int]
     capabilities_json: str
     def __init__(self, capabilities_json: _Optional[str] = ...) -> None: ...
+
+class RecordSummaryRequest(_message.Message):
+    __slots__ = ("run_id", "iteration", "replaced_event_ids", "summary_text", "strategy", "host_token_count")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_FIELD_NUMBER: _ClassVar[int]
+    REPLACED_EVENT_IDS_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_TEXT_FIELD_NUMBER: _ClassVar[int]
+    STRATEGY_FIELD_NUMBER: _ClassVar[int]
+    HOST_TOKEN_COUNT_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    iteration: int
+    replaced_event_ids: _containers.RepeatedScalarFieldContainer[str]
+    summary_text: str
+    strategy: str
+    host_token_count: int
+    def __init__(self, run_id: _Optional[str] = ..., iteration: _Optional[int] = ..., replaced_event_ids: _Optional[_Iterable[str]] = ..., summary_text: _Optional[str] = ..., strategy: _Optional[str] = ..., host_token_count: _Optional[int] = ...) -> None: ...
+
+class RecordSummaryResponse(_message.Message):
+    __slots__ = ("summary_ref", "tokens_before", "tokens_after", "event", "created")
+    SUMMARY_REF_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_AFTER_FIELD_NUMBER: _ClassVar[int]
+    EVENT_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    summary_ref: str
+    tokens_before: int
+    tokens_after: int
+    event: StoredEvent
+    created: bool
+    def __init__(self, summary_ref: _Optional[str] = ..., tokens_before: _Optional[int] = ..., tokens_after: _Optional[int] = ..., event: _Optional[_Union[StoredEvent, _Mapping]] = ..., created: _Optional[bool] = ...) -> None: ...
+
+class GetArtifactRequest(_message.Message):
+    __slots__ = ("run_id", "artifact_id")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACT_ID_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    artifact_id: str
+    def __init__(self, run_id: _Optional[str] = ..., artifact_id: _Optional[str] = ...) -> None: ...
+
+class GetArtifactResponse(_message.Message):
+    __slots__ = ("artifact_id", "content", "tokens", "iteration")
+    ARTIFACT_ID_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_FIELD_NUMBER: _ClassVar[int]
+    artifact_id: str
+    content: str
+    tokens: int
+    iteration: int
+    def __init__(self, artifact_id: _Optional[str] = ..., content: _Optional[str] = ..., tokens: _Optional[int] = ..., iteration: _Optional[int] = ...) -> None: ...
+
+class DeleteArtifactRequest(_message.Message):
+    __slots__ = ("run_id", "artifact_id")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACT_ID_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    artifact_id: str
+    def __init__(self, run_id: _Optional[str] = ..., artifact_id: _Optional[str] = ...) -> None: ...
+
+class DeleteArtifactResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ForkRunRequest(_message.Message):
+    __slots__ = ("source_run_id", "from_seq", "mode", "new_run_id")
+    SOURCE_RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    FROM_SEQ_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    NEW_RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    source_run_id: str
+    from_seq: int
+    mode: str
+    new_run_id: str
+    def __init__(self, source_run_id: _Optional[str] = ..., from_seq: _Optional[int] = ..., mode: _Optional[str] = ..., new_run_id: _Optional[str] = ...) -> None: ...
+
+class ForkRunResponse(_message.Message):
+    __slots__ = ("settings", "next_seq", "pending_summaries", "created")
+    SETTINGS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    PENDING_SUMMARIES_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    settings: RunSettings
+    next_seq: int
+    pending_summaries: int
+    created: bool
+    def __init__(self, settings: _Optional[_Union[RunSettings, _Mapping]] = ..., next_seq: _Optional[int] = ..., pending_summaries: _Optional[int] = ..., created: _Optional[bool] = ...) -> None: ...
+
+class DeleteRunRequest(_message.Message):
+    __slots__ = ("run_id",)
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    def __init__(self, run_id: _Optional[str] = ...) -> None: ...
+
+class DeleteRunResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

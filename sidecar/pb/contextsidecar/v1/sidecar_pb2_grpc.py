@@ -69,6 +69,31 @@ class ContextSidecarStub:
                 request_serializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.GetCapabilitiesRequest.SerializeToString,
                 response_deserializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.GetCapabilitiesResponse.FromString,
                 _registered_method=True)
+        self.RecordSummary = channel.unary_unary(
+                '/contextsidecar.v1.ContextSidecar/RecordSummary',
+                request_serializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.RecordSummaryRequest.SerializeToString,
+                response_deserializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.RecordSummaryResponse.FromString,
+                _registered_method=True)
+        self.GetArtifact = channel.unary_unary(
+                '/contextsidecar.v1.ContextSidecar/GetArtifact',
+                request_serializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.GetArtifactRequest.SerializeToString,
+                response_deserializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.GetArtifactResponse.FromString,
+                _registered_method=True)
+        self.DeleteArtifact = channel.unary_unary(
+                '/contextsidecar.v1.ContextSidecar/DeleteArtifact',
+                request_serializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.DeleteArtifactRequest.SerializeToString,
+                response_deserializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.DeleteArtifactResponse.FromString,
+                _registered_method=True)
+        self.ForkRun = channel.unary_unary(
+                '/contextsidecar.v1.ContextSidecar/ForkRun',
+                request_serializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.ForkRunRequest.SerializeToString,
+                response_deserializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.ForkRunResponse.FromString,
+                _registered_method=True)
+        self.DeleteRun = channel.unary_unary(
+                '/contextsidecar.v1.ContextSidecar/DeleteRun',
+                request_serializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.DeleteRunRequest.SerializeToString,
+                response_deserializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.DeleteRunResponse.FromString,
+                _registered_method=True)
 
 
 class ContextSidecarServicer:
@@ -128,6 +153,46 @@ class ContextSidecarServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RecordSummary(self, request, context):
+        """Record the summary the host made of the oldest unsummarised turns (RFC 0111 declared
+        summarization): persisted as an artifact, announced by a context.summarized entry in the
+        run's log, and from its iteration on fed in place of the turns it replaced, in this run and
+        in every replay of it. Recording the same range and text again returns the same summary.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetArtifact(self, request, context):
+        """A summary's text (its artifact). NOT_FOUND once deleted.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteArtifact(self, request, context):
+        """Delete an artifact (retention, administration). Windows that need it, and replay forks
+        that would, then fail with FAILED_PRECONDITION / replay_context_summary_unavailable.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ForkRun(self, request, context):
+        """Fork a run from a seq: "replay" reproduces the source's windows by reusing its recorded
+        summaries; "branch" only carries its log below from_seq.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteRun(self, request, context):
+        """Remove a run: its log, windows, summaries and artifacts.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ContextSidecarServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -165,6 +230,31 @@ def add_ContextSidecarServicer_to_server(servicer, server):
                     servicer.GetCapabilities,
                     request_deserializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.GetCapabilitiesRequest.FromString,
                     response_serializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.GetCapabilitiesResponse.SerializeToString,
+            ),
+            'RecordSummary': grpc.unary_unary_rpc_method_handler(
+                    servicer.RecordSummary,
+                    request_deserializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.RecordSummaryRequest.FromString,
+                    response_serializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.RecordSummaryResponse.SerializeToString,
+            ),
+            'GetArtifact': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetArtifact,
+                    request_deserializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.GetArtifactRequest.FromString,
+                    response_serializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.GetArtifactResponse.SerializeToString,
+            ),
+            'DeleteArtifact': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteArtifact,
+                    request_deserializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.DeleteArtifactRequest.FromString,
+                    response_serializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.DeleteArtifactResponse.SerializeToString,
+            ),
+            'ForkRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForkRun,
+                    request_deserializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.ForkRunRequest.FromString,
+                    response_serializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.ForkRunResponse.SerializeToString,
+            ),
+            'DeleteRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteRun,
+                    request_deserializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.DeleteRunRequest.FromString,
+                    response_serializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.DeleteRunResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -356,6 +446,141 @@ class ContextSidecar:
             '/contextsidecar.v1.ContextSidecar/GetCapabilities',
             sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.GetCapabilitiesRequest.SerializeToString,
             sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.GetCapabilitiesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RecordSummary(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/contextsidecar.v1.ContextSidecar/RecordSummary',
+            sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.RecordSummaryRequest.SerializeToString,
+            sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.RecordSummaryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetArtifact(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/contextsidecar.v1.ContextSidecar/GetArtifact',
+            sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.GetArtifactRequest.SerializeToString,
+            sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.GetArtifactResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteArtifact(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/contextsidecar.v1.ContextSidecar/DeleteArtifact',
+            sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.DeleteArtifactRequest.SerializeToString,
+            sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.DeleteArtifactResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForkRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/contextsidecar.v1.ContextSidecar/ForkRun',
+            sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.ForkRunRequest.SerializeToString,
+            sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.ForkRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/contextsidecar.v1.ContextSidecar/DeleteRun',
+            sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.DeleteRunRequest.SerializeToString,
+            sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.DeleteRunResponse.FromString,
             options,
             channel_credentials,
             insecure,

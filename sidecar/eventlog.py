@@ -1,0 +1,248 @@
+"""A run's event log: appending entries and reading them back.
+
+The log holds the host's events and the sidecar's own entries (``context.summarized``), in one
+seq space. Every entry is kept as its record (``events``), its id (``event_ids`` index and the
+per-chunk id lists) and a packed count record (``counts``) that fastcore walks; the sidecar's
+entries are marked ``NOT_A_UNIT`` there, so they weigh nothing in a window.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from itertools import islice
+from typing import Callable, Sequence
+
+import lmdb
+
+import fastcore
+from sidecar.counting import Counters
+from sidecar.errors import Conflict, ValidationError
+from sidecar.records import (ID_SEPARATOR, StoredEvent, decode_event, decode_id_index, encode_event,
+                             encode_id_index, pack_count)
+from sidecar.runs import SIDECAR_ID_PREFIX, Run, save_run
+from sidecar.settings import ROLES, ContextSettings
+from sidecar.store import be32
+from sidecar.validation import check_at_least, check_id
+
+# 128 packed records are 1.5 KiB: small enough to stay inline in an LMDB leaf page, so an append
+# rewrites one page instead of a chain of overflow pages (measured: ~15% off a durable turn).
+CHUNK_EVENTS = 128
+MAX_EVENTS_PER_RUN = 2**31 - 1  # seq travels as int32
+MAX_TYPE_BYTES = 64
+MAX_COUNT = 2**31 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class NewEvent:
+    """An event as the host sends it; ``iteration`` 0 means "the turn being assembled"."""
+
+    event_id: str
+    iteration: int
+    role: str
+    type: str
+    content: str
+    call_id: str = ""
+    host_token_count: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    event_id: str
+    seq: int
+    tokens: int
+    already_recorded: bool
+
+
+class LogWriter:
+    """Appends entries to one run's log inside a write transaction, keeping the chunks it touches
+    in memory until :meth:`flush` writes them and the run record."""
+
+    def __init__(self, txn: lmdb.Transaction, db: dict, key: bytes, run: Run) -> None:
+        self.txn, self.db, self.key, self.run = txn, db, key, run
+        self._counts: dict[int, bytearray] = {}
+        self._ids: dict[int, list[str]] = {}
+
+    def append(self, entry: StoredEvent, group_first: int, host_token_count: int | None = None) -> None:
+        """Write ``entry`` (its seq must be the run's next) with its count record."""
+        txn, db, key, run = self.txn, self.db, self.key, self.run
+        seq = entry.seq
+        assert seq == run.next_seq and entry.iteration >= run.last_iteration
+        if entry.iteration > run.last_iteration:
+            txn.put(key + be32(entry.iteration), be32(seq), db=db["iterations"])
+        txn.put(key + be32(seq), encode_event(entry), db=db["events"])
+        txn.put(key + entry.event_id.encode("utf-8"), encode_id_index(seq, host_token_count), db=db["event_ids"])
+        chunk = seq // CHUNK_EVENTS
+        if chunk not in self._counts:
+            self._counts[chunk] = bytearray(txn.get(key + be32(chunk), b"", db=db["counts"]))
+            ids = txn.get(key + be32(chunk), db=db["id_chunks"])
+            self._ids[chunk] = ids.decode("utf-8").split(ID_SEPARATOR) if ids else []
+        self._counts[chunk] += pack_count(entry.tokens, entry.iteration, group_first)
+        self._ids[chunk].append(entry.event_id)
+        run.next_seq = seq + 1
+        run.last_iteration = entry.iteration
+
+    def flush(self) -> None:
+        for chunk, records in self._counts.items():
+            self.txn.put(self.key + be32(chunk), bytes(records), db=self.db["counts"])
+            self.txn.put(self.key + be32(chunk), ID_SEPARATOR.join(self._ids[chunk]).encode("utf-8"),
+                         db=self.db["id_chunks"])
+        save_run(self.txn, self.db, self.key, self.run)
+
+
+def prepare_events(events: Sequence[NewEvent], field: str, defaults: ContextSettings,
+                   turn: int | None = None) -> list[NewEvent]:
+    """Fill in defaults (type ``message``; iteration ``turn`` when 0 and a turn is given) and
+    validate every field, naming the first bad one."""
+    prepared = [replace(event, type=event.type or "message", iteration=event.iteration or (turn or 0))
+                for event in events]
+    limit = defaults.max_event_bytes
+    for i, event in enumerate(prepared):
+        at = f"{field}[{i}]"
+        check_id(f"{at}.event_id", event.event_id)
+        if event.event_id.startswith(SIDECAR_ID_PREFIX):
+            raise ValidationError.field(f"{at}.event_id", f"ids starting with {SIDECAR_ID_PREFIX!r} are the sidecar's")
+        check_at_least(f"{at}.iteration", event.iteration, 1)
+        if turn is not None and event.iteration > turn:
+            raise ValidationError.field(
+                f"{at}.iteration", f"is {event.iteration}, after the iteration being assembled ({turn})")
+        if event.role not in ROLES:
+            raise ValidationError.field(f"{at}.role", f"must be one of {', '.join(ROLES)}")
+        check_id(f"{at}.type", event.type, max_bytes=MAX_TYPE_BYTES)
+        size = len(event.content.encode("utf-8"))
+        if size > limit:
+            raise ValidationError.field(
+                f"{at}.content", f"is {size} bytes; at most {limit} are allowed ([context] max_event_bytes)")
+        check_id(f"{at}.call_id", event.call_id, required=False)
+        if event.host_token_count is not None and not 0 <= event.host_token_count <= MAX_COUNT:
+            raise ValidationError.field(f"{at}.host_token_count", f"must be between 0 and {MAX_COUNT}")
+    return prepared
+
+
+def count_texts(counters: Counters, counter_name: str, texts: Sequence[str],
+                host_counts: Sequence[int | None], fields: Sequence[str]) -> list[int]:
+    """Each text's count in the run's counter; under ``host-defined``, the host's own counts,
+    each required (``fields`` name where each one was due)."""
+    if counter_name == "host-defined":
+        for count, field in zip(host_counts, fields):
+            if count is None:
+                raise ValidationError.field(field, "is required: the run counts tokens as host-defined")
+        return list(host_counts)  # type: ignore[arg-type]
+    counter = counters.get(counter_name)
+    return [counter.count(text) for text in texts]
+
+
+def count_events(counters: Counters, counter_name: str, events: Sequence[NewEvent], field: str) -> list[int]:
+    return count_texts(counters, counter_name, [e.content for e in events], [e.host_token_count for e in events],
+                       [f"{field}[{i}].host_token_count" for i in range(len(events))])
+
+
+def append_host_events(writer: LogWriter, events: Sequence[NewEvent], counts: Sequence[int], field: str,
+                       before_each: Callable[[LogWriter, NewEvent], None] | None = None) -> list[AppendResult]:
+    """Append the host's events: a retried one (same id, same fields) is a no-op, a changed one
+    a conflict, an iteration going backwards invalid. The caller commits or aborts all of it."""
+    txn, db, key, run = writer.txn, writer.db, writer.key, writer.run
+    results: list[AppendResult] = []
+    in_batch: dict[str, tuple[NewEvent, AppendResult]] = {}
+    for i, (event, tokens) in enumerate(zip(events, counts)):
+        at = f"{field}[{i}]"
+        earlier = in_batch.get(event.event_id)
+        if earlier is not None:
+            if earlier[0] != event:
+                raise Conflict.field(f"{at}.event_id", "appears twice in this call with different fields")
+            results.append(replace(earlier[1], already_recorded=True))
+            continue
+        indexed = txn.get(key + event.event_id.encode("utf-8"), db=db["event_ids"])
+        if indexed is not None:
+            seq_key, host_count = decode_id_index(indexed)
+            stored = decode_event(txn.get(key + seq_key, db=db["events"]))
+            if not _same_event(stored, host_count, event):
+                raise Conflict.field(f"{at}.event_id", "is already recorded with different fields")
+            results.append(AppendResult(stored.event_id, stored.seq, stored.tokens, True))
+            continue
+        if before_each is not None:
+            before_each(writer, event)
+        if event.iteration < run.last_iteration:
+            raise ValidationError.field(
+                f"{at}.iteration", f"is {event.iteration}, but the run is already at iteration "
+                f"{run.last_iteration}; iterations never decrease")
+        seq = run.next_seq
+        if seq >= MAX_EVENTS_PER_RUN:
+            raise ValidationError.field(at, f"the run already holds {seq} events, the most one run can")
+        group_first = seq
+        if event.call_id:
+            call_key = key + event.call_id.encode("utf-8")
+            first = txn.get(call_key, db=db["call_ids"])
+            if first is None:
+                txn.put(call_key, be32(seq), db=db["call_ids"])
+            else:
+                group_first = int.from_bytes(first, "big")
+        writer.append(StoredEvent(seq, event.event_id, event.iteration, event.role, event.type, event.content,
+                                  event.call_id, tokens), group_first, event.host_token_count)
+        result = AppendResult(event.event_id, seq, tokens, False)
+        in_batch[event.event_id] = (event, result)
+        results.append(result)
+    return results
+
+
+def _same_event(stored: StoredEvent, stored_host_count: int | None, event: NewEvent) -> bool:
+    return (stored.iteration, stored.role, stored.type, stored.content, stored.call_id, stored_host_count) == (
+        event.iteration, event.role, event.type, event.content, event.call_id, event.host_token_count)
+
+
+def read_records(txn: lmdb.Transaction, db: dict, key: bytes, start: int, end: int) -> list[bytes]:
+    """The stored records of entries ``[start, end)``: one cursor pass, iterated in C."""
+    if start >= end:
+        return []
+    cursor = txn.cursor(db=db["events"])
+    cursor.set_key(key + be32(start))
+    return list(islice(cursor.iternext(keys=False), end - start))
+
+
+def read_ids(txn: lmdb.Transaction, db: dict, key: bytes, start: int, end: int) -> list[str]:
+    """The ids of entries ``[start, end)``, from the per-chunk id lists."""
+    ids: list[str] = []
+    for chunk in range(start // CHUNK_EVENTS, (end - 1) // CHUNK_EVENTS + 1 if end > start else 0):
+        base = chunk * CHUNK_EVENTS
+        chunk_ids = txn.get(key + be32(chunk), db=db["id_chunks"]).decode("utf-8").split(ID_SEPARATOR)
+        ids += chunk_ids[max(start - base, 0): end - base]
+    return ids
+
+
+def read_counts(txn: lmdb.Transaction, db: dict, key: bytes, start: int, end: int) -> bytes:
+    """The packed count records of entries ``[start, end)``."""
+    if start >= end:
+        return b""
+    first, last = start // CHUNK_EVENTS, (end - 1) // CHUNK_EVENTS
+    records = b"".join([txn.get(key + be32(chunk), db=db["counts"]) for chunk in range(first, last + 1)])
+    offset = first * CHUNK_EVENTS
+    return records[(start - offset) * fastcore.RECORD_SIZE:(end - offset) * fastcore.RECORD_SIZE]
+
+
+def non_units(counts: bytes, base_seq: int) -> list[int]:
+    """The seqs of the log entries that are not transcript (``NOT_A_UNIT``) among ``counts``.
+
+    No token count or iteration reaches 2**32 - 1, so the marker's bytes only ever match at a
+    record's group_first: a C-level search finds them without unpacking every record."""
+    marker = fastcore.NOT_A_UNIT.to_bytes(4, "little")
+    seqs, at = [], counts.find(marker)
+    while at >= 0:
+        if at % fastcore.RECORD_SIZE == 8:  # the group_first field
+            seqs.append(base_seq + at // fastcore.RECORD_SIZE)
+            at += 4
+        else:
+            at += 1
+        at = counts.find(marker, at)
+    return seqs
+
+
+def prefix_end(txn: lmdb.Transaction, db: dict, key: bytes, run: Run, iteration: int) -> int:
+    """One past the last seq of the entries with iteration <= ``iteration``."""
+    if iteration <= 0:
+        return 0
+    if iteration >= run.last_iteration:
+        return run.next_seq
+    cursor = txn.cursor(db=db["iterations"])
+    if cursor.set_range(key + be32(iteration + 1)) and cursor.key().startswith(key):
+        return int.from_bytes(cursor.value(), "big")
+    return run.next_seq
+

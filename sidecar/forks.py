@@ -1,0 +1,235 @@
+"""Forks of a run (``replay`` and ``branch``), and removing runs and artifacts.
+
+A fork carries the source's log below ``from_seq`` (events, summaries with their artifacts, the
+windows of the iterations entirely below it) and the source's settings. A replay fork also
+carries, as *pending*, every summary the source recorded at or after ``from_seq`` (RFC 0111:
+"the host MUST reuse the recorded summary and MUST NOT re-summarize"). When the replaying host
+reaches the point of the log where the source recorded one, the fork records that same summary
+(same ref, same replaced turns, same text): before the next host event that came after it, at
+an AssembleContext of its iteration or later, or when the host asks RecordSummary for that
+range. If the host's log departs from the source's (other events, another summary), the fork
+stops replaying and from then on behaves as a branch.
+"""
+
+from __future__ import annotations
+
+import json
+
+import lmdb
+
+from sidecar.errors import Conflict, NotFound, SummaryUnavailable, ValidationError
+import fastcore
+from sidecar.eventlog import CHUNK_EVENTS, LogWriter, NewEvent, non_units, read_counts, read_ids
+from sidecar.records import ID_SEPARATOR, StoredEvent, decode_event
+from sidecar.runs import Deps, ForkOrigin, Run, load_run, require_run, save_run
+from sidecar.store import be32
+from sidecar.summaries import Summary, in_force, load_summary, read_artifact, write_summary
+from sidecar.validation import check_at_least
+
+MODES = ("replay", "branch")
+
+
+def fork_run(deps: Deps, txn: lmdb.Transaction, source_key: bytes, source_run_id: str, fork_key: bytes,
+             fork_run_id: str, from_seq: int, mode: str) -> tuple[Run, bool]:
+    """Create the fork in the caller's transaction; (its run, created). Forking again with the
+    same source, from_seq and mode returns the existing fork."""
+    db = deps.db
+    if mode not in MODES:
+        raise ValidationError.field("mode", f"must be one of {', '.join(MODES)}")
+    check_at_least("from_seq", from_seq, 0)
+    source = require_run(txn, db, source_key, source_run_id)
+    if from_seq > source.next_seq:
+        raise ValidationError.field("from_seq", f"is {from_seq}; the source's log ends at {source.next_seq}")
+    origin = ForkOrigin(source_run_id, from_seq, mode)
+    existing = load_run(txn, db, fork_key)
+    if existing is not None:
+        if existing.origin == origin:
+            return existing, False
+        raise Conflict.field("new_run_id", "names a run that already exists")
+
+    summaries = [load_summary(txn, db, source_key, index) for index in range(source.summaries)]
+    carried = [s for s in summaries if s.seq < from_seq]
+    pending = [s for s in summaries if s.seq >= from_seq] if mode == "replay" else []
+    artifacts = {}
+    for summary in carried + pending:
+        try:
+            artifacts[summary.ref] = read_artifact(txn, db, source_key, summary.ref)
+        except SummaryUnavailable:
+            raise SummaryUnavailable(
+                f"the source's summary {summary.ref!r} (recorded at seq {summary.seq}) can no longer be read, so a "
+                f"{mode} from seq {from_seq} cannot reproduce the source's windows",
+                metadata={"from_seq": str(from_seq), "summary_ref": summary.ref}) from None
+
+    _copy_log(txn, db, source_key, fork_key, from_seq)
+    for summary in carried:
+        txn.put(fork_key + be32(summary.index), summary.record(), db=db["summaries"])
+        txn.put(fork_key + summary.ref.encode("utf-8"), artifacts[summary.ref], db=db["artifacts"])
+    for summary in pending:
+        artifact = decode_event(artifacts[summary.ref])
+        txn.put(fork_key + be32(summary.seq), json.dumps({
+            "summary": summary.as_dict(), "text": artifact.content, "role": artifact.role,
+            "counter": source.settings.token_counter}).encode("utf-8"), db=db["replay"])
+
+    limit = decode_event(txn.get(source_key + be32(from_seq), db=db["events"])).iteration \
+        if from_seq < source.next_seq else None
+    last_assembled = 0
+    cursor = txn.cursor(db=db["windows"])
+    if cursor.set_range(source_key):
+        for window_key, value in cursor:
+            if not window_key.startswith(source_key):
+                break
+            iteration = int.from_bytes(window_key[len(source_key):], "big")
+            if limit is None or iteration < limit:
+                txn.put(fork_key + window_key[len(source_key):], value, db=db["windows"])
+                last_assembled = max(last_assembled, iteration)
+    last_iteration = decode_event(txn.get(source_key + be32(from_seq - 1), db=db["events"])).iteration \
+        if from_seq else 0
+    fork = Run(source.settings, from_seq, last_iteration, last_assembled, len(carried), len(pending), origin)
+    save_run(txn, db, fork_key, fork)
+    return fork, True
+
+
+def _copy_log(txn: lmdb.Transaction, db: dict, source_key: bytes, fork_key: bytes, from_seq: int) -> None:
+    """The entries below ``from_seq`` and every index over them, under the fork's key."""
+    if not from_seq:
+        return
+    cursor = txn.cursor(db=db["events"])
+    cursor.set_key(source_key + be32(0))
+    for seq, value in zip(range(from_seq), cursor.iternext(keys=False)):
+        txn.put(fork_key + be32(seq), value, db=db["events"])
+    for event_id in read_ids(txn, db, source_key, 0, from_seq):
+        id_key = event_id.encode("utf-8")
+        txn.put(fork_key + id_key, txn.get(source_key + id_key, db=db["event_ids"]), db=db["event_ids"])
+    for name in ("call_ids", "iterations"):  # both map to a first seq
+        cursor = txn.cursor(db=db[name])
+        if cursor.set_range(source_key):
+            for index_key, value in cursor:
+                if not index_key.startswith(source_key):
+                    break
+                if int.from_bytes(value, "big") < from_seq:
+                    txn.put(fork_key + index_key[len(source_key):], value, db=db[name])
+    for chunk in range((from_seq - 1) // CHUNK_EVENTS + 1):
+        kept = min(CHUNK_EVENTS, from_seq - chunk * CHUNK_EVENTS)
+        counts = txn.get(source_key + be32(chunk), db=db["counts"])
+        ids = txn.get(source_key + be32(chunk), db=db["id_chunks"]).decode("utf-8").split(ID_SEPARATOR)
+        txn.put(fork_key + be32(chunk), counts[:kept * fastcore.RECORD_SIZE], db=db["counts"])
+        txn.put(fork_key + be32(chunk), ID_SEPARATOR.join(ids[:kept]).encode("utf-8"), db=db["id_chunks"])
+
+
+def delete_run(txn: lmdb.Transaction, db: dict, key: bytes, run_id: str) -> None:
+    """Remove the run and everything under its key: log, indexes, windows, summaries, artifacts."""
+    require_run(txn, db, key, run_id)
+    for name, handle in db.items():
+        if name == "runs":
+            continue
+        cursor = txn.cursor(db=handle)
+        if cursor.set_range(key):
+            while cursor.key().startswith(key):
+                if not cursor.delete():
+                    break
+    txn.delete(key, db=db["runs"])
+
+
+def delete_artifact(txn: lmdb.Transaction, db: dict, key: bytes, run_id: str, artifact_id: str) -> None:
+    require_run(txn, db, key, run_id)
+    if not txn.delete(key + artifact_id.encode("utf-8"), db=db["artifacts"]):
+        raise NotFound(f"artifact {artifact_id!r} of run {run_id!r} not found")
+
+
+# -- replay ----------------------------------------------------------------------------------
+
+def before_host_event(deps: Deps, writer: LogWriter, event: NewEvent) -> None:
+    """Record the source's summaries that came, in the source's log, before this event."""
+    while writer.run.replay_pending:
+        pending = _pending_at(writer)
+        if pending is None:
+            return
+        if pending[0].iteration > event.iteration:  # the source had this event after the summary
+            _stop_replaying(writer)
+            return
+        if _apply(deps, writer, pending) is None:
+            return
+
+
+def at_assembly(deps: Deps, writer: LogWriter, iteration: int) -> bool:
+    """Record the source's summaries due at or before ``iteration`` here; True if any was."""
+    applied = False
+    while writer.run.replay_pending:
+        pending = _pending_at(writer)
+        if pending is None or pending[0].iteration > iteration:
+            break
+        if _apply(deps, writer, pending) is None:
+            break
+        applied = True
+    return applied
+
+
+def recorded_for(deps: Deps, writer: LogWriter, replaced: tuple[str, ...]) -> tuple[Summary, StoredEvent] | None:
+    """A RecordSummary in a replay fork: the source's summary for this range and its log entry,
+    recorded again as they were (the host's new text is not stored), or None when the host
+    departs from the source."""
+    if not writer.run.replay_pending:
+        return None
+    pending = _pending_at(writer)
+    if pending is None or pending[0].replaced_turns != replaced:
+        _stop_replaying(writer)
+        return None
+    entry = _apply(deps, writer, pending)
+    return (pending[0], entry) if entry is not None else None
+
+
+def _pending_at(writer: LogWriter) -> tuple[Summary, dict] | None:
+    """The source's summary due at the fork's next seq, if any. One the fork already passed
+    (its log grew otherwise than the source's) ends the replay."""
+    cursor = writer.txn.cursor(db=writer.db["replay"])
+    if not cursor.set_range(writer.key) or not cursor.key().startswith(writer.key):
+        return None
+    seq = int.from_bytes(cursor.key()[len(writer.key):], "big")
+    if seq < writer.run.next_seq:
+        _stop_replaying(writer)
+        return None
+    if seq > writer.run.next_seq:
+        return None
+    value = json.loads(cursor.value())
+    return Summary.from_dict(value.pop("summary")), value
+
+
+def _apply(deps: Deps, writer: LogWriter, pending: tuple[Summary, dict]) -> StoredEvent | None:
+    """Record the pending summary as the source did; its log entry, or None (and the fork stops
+    replaying) when the fork's log no longer matches the source's."""
+    summary, value = pending
+    writer.flush()  # the checks below read the log as it stands
+    if not _still_replaying(writer, summary):
+        _stop_replaying(writer)
+        return None
+    writer.txn.delete(writer.key + be32(summary.seq), db=writer.db["replay"])
+    writer.run.replay_pending -= 1
+    return write_summary(writer, summary, value["text"], value["role"], value["counter"])
+
+
+def _still_replaying(writer: LogWriter, summary: Summary) -> bool:
+    """The fork's log is the source's where the summary is concerned: same position, same next
+    summary, the same summaries in force, the same events replaced."""
+    txn, db, key, run = writer.txn, writer.db, writer.key, writer.run
+    if summary.seq != run.next_seq or summary.index != run.summaries:
+        return False
+    top = in_force(txn, db, key, run, summary.iteration)
+    stack = top.stack if top else ()
+    if (top.to_seq if top else 0) != summary.from_seq:
+        return False
+    if summary.replaced_summaries and stack[len(stack) - len(summary.replaced_summaries):] != summary.replaced_summaries:
+        return False
+    skip = set(non_units(read_counts(txn, db, key, summary.from_seq, summary.to_seq), summary.from_seq))
+    ids = [i for seq, i in zip(range(summary.from_seq, summary.to_seq),
+                               read_ids(txn, db, key, summary.from_seq, summary.to_seq)) if seq not in skip]
+    return tuple(ids) == summary.replaced_turns[len(summary.replaced_summaries):]
+
+
+def _stop_replaying(writer: LogWriter) -> None:
+    """The host departed from the source: drop what is pending; the fork is a branch now."""
+    cursor = writer.txn.cursor(db=writer.db["replay"])
+    if cursor.set_range(writer.key):
+        while cursor.key().startswith(writer.key):
+            if not cursor.delete():
+                break
+    writer.run.replay_pending = 0

@@ -1,0 +1,132 @@
+"""Runs: their settings, and the record that tracks each run's log in LMDB.
+
+Everything of a run lives under the key prefix ``scope(tenant, run_id)``; the run record itself
+is stored at that prefix in the ``runs`` database.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+import lmdb
+
+from sidecar.counting import Counters
+from sidecar.errors import Conflict, FieldViolation, NotFound, ValidationError
+from sidecar.records import dump_json, load_json
+from sidecar.settings import STRATEGIES, ContextSettings
+from sidecar.store import scope
+from sidecar.validation import check_at_least, check_id
+
+# Ids the sidecar makes (summary refs, its own log entries) start with this; hosts may not.
+SIDECAR_ID_PREFIX = "sidecar:"
+
+
+@dataclass(frozen=True, slots=True)
+class Deps:
+    """What the domain's functions share: the store's databases, the counters, the defaults."""
+
+    db: dict
+    counters: Counters
+    defaults: ContextSettings
+
+
+@dataclass(frozen=True, slots=True)
+class RunSettings:
+    token_counter: str
+    transcript_token_budget: int
+    keep_last_turns: int
+    transcript_window: int  # 0: no event-count bound
+    summarization: bool = False
+    summarization_strategy: str = "sliding-window"
+    keep_last_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ForkOrigin:
+    source_run_id: str
+    from_seq: int
+    mode: str  # "replay" or "branch"
+
+
+@dataclass(slots=True)
+class Run:
+    settings: RunSettings
+    next_seq: int = 0
+    last_iteration: int = 0
+    last_assembled: int = 0  # the latest iteration whose window was fed: it never changes again
+    summaries: int = 0  # summaries recorded in the run (in force or replaced)
+    replay_pending: int = 0  # a replay fork's source summaries not reached yet
+    origin: ForkOrigin | None = None
+
+    def record(self) -> bytes:
+        value: dict[str, Any] = {
+            "settings": asdict(self.settings), "next_seq": self.next_seq, "last_iteration": self.last_iteration,
+            "last_assembled": self.last_assembled, "summaries": self.summaries,
+            "replay_pending": self.replay_pending}
+        if self.origin:
+            value["origin"] = asdict(self.origin)
+        return dump_json(value)
+
+    @classmethod
+    def parse(cls, data: bytes) -> Run:
+        value = load_json(data)
+        origin = value.get("origin")
+        return cls(RunSettings(**value["settings"]), value["next_seq"], value["last_iteration"],
+                   value.get("last_assembled", 0), value.get("summaries", 0), value.get("replay_pending", 0),
+                   ForkOrigin(**origin) if origin else None)
+
+
+def run_key(tenant: str, run_id: str, field: str = "run_id") -> bytes:
+    return scope(tenant, check_id(field, run_id))
+
+
+def load_run(txn: lmdb.Transaction, db: dict, key: bytes) -> Run | None:
+    data = txn.get(key, db=db["runs"])
+    return None if data is None else Run.parse(data)
+
+
+def require_run(txn: lmdb.Transaction, db: dict, key: bytes, run_id: str) -> Run:
+    run = load_run(txn, db, key)
+    if run is None:
+        raise NotFound(f"run {run_id!r} not found")
+    return run
+
+
+def save_run(txn: lmdb.Transaction, db: dict, key: bytes, run: Run) -> None:
+    txn.put(key, run.record(), db=db["runs"])
+
+
+def default_settings(defaults: ContextSettings) -> RunSettings:
+    return RunSettings(defaults.token_counter, defaults.transcript_token_budget, defaults.keep_last_turns,
+                       defaults.transcript_window, defaults.summarization, defaults.summarization_strategy,
+                       defaults.keep_last_tokens)
+
+
+def check_given_settings(defaults: ContextSettings, counters: Counters, given: dict[str, Any]) -> RunSettings:
+    """Validate the settings an OpenRun gives (each named as its request field) and return the
+    run's settings: the given ones over the configured defaults."""
+    if "token_counter" in given:
+        counters.get(given["token_counter"])
+    if "transcript_token_budget" in given:
+        budget = check_at_least("transcript_token_budget", given["transcript_token_budget"], 1)
+        if budget > defaults.transcript_token_budget:
+            raise ValidationError.field(
+                "transcript_token_budget",
+                f"{budget} exceeds the sidecar's advertised transcriptTokenBudget "
+                f"({defaults.transcript_token_budget}); raise [context] transcript_token_budget to allow it")
+    for name in ("keep_last_turns", "transcript_window", "keep_last_tokens"):
+        if name in given:
+            check_at_least(name, given[name], 0)
+    if "summarization_strategy" in given and given["summarization_strategy"] not in STRATEGIES:
+        raise ValidationError.field("summarization_strategy", f"must be one of {', '.join(STRATEGIES)}")
+    return replace(default_settings(defaults), **given)
+
+
+def confirm_settings(run: Run, run_id: str, given: dict[str, Any]) -> None:
+    """An existing run is confirmed when every given setting equals the run's."""
+    differing = [name for name, value in given.items() if getattr(run.settings, name) != value]
+    if differing:
+        raise Conflict(f"run {run_id!r} already exists with different {', '.join(differing)}",
+                       tuple(FieldViolation(name, f"the run has {getattr(run.settings, name)!r}")
+                             for name in differing))

@@ -1,0 +1,335 @@
+"""Summaries of older turns (RFC 0111's declared summarization): recording, validating, and
+knowing which stand in for what at any iteration.
+
+A summary replaces the oldest events not yet summarised, a contiguous run of them starting at
+the *floor* (the first event no summary replaced), and, with ``recursive`` or ``map-reduce``,
+the newest summaries too. Summaries stack in order; each record keeps the stack in force once
+it is recorded, so a turn finds what stands in for its history with one read. Each is persisted
+as an artifact (the summary entry, fed as a WindowEntry) and announced in the run's log by a
+``context.summarized`` entry whose payload is RFC 0111's, the text never inlined.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+
+import lmdb
+
+import fastcore
+from sidecar.errors import Conflict, FieldViolation, SummaryUnavailable, ValidationError
+from sidecar.eventlog import LogWriter, count_texts, non_units, prefix_end, read_counts, read_ids
+from sidecar.records import StoredEvent, decode_event, decode_id_index, dump_json, encode_event, load_json
+from sidecar.runs import SIDECAR_ID_PREFIX, Deps, Run
+from sidecar.settings import STRATEGIES
+from sidecar.store import be32
+from sidecar.validation import check_at_least, check_id
+
+SUMMARY_TYPE = "context.summary"  # the summary's entry in a window
+SUMMARIZED_TYPE = "context.summarized"  # the log entry announcing a summary
+REF_PREFIX = SIDECAR_ID_PREFIX + "summary:"
+STACKING_STRATEGIES = ("recursive", "map-reduce")  # may replace earlier summaries
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    index: int
+    ref: str  # summaryRef: the artifact id of its text
+    seq: int  # of its context.summarized log entry
+    iteration: int  # it stands in from this iteration on
+    from_seq: int  # the floor before it: the first event it replaced
+    to_seq: int  # the floor after it: one past the last event it replaced
+    replaced_summaries: tuple[int, ...]
+    replaced_turns: tuple[str, ...]  # RFC 0111 replacedTurns: replaced summaries' refs, then event ids
+    tokens_before: int
+    tokens_after: int
+    strategy: str
+    text_sha256: str
+    stack: tuple[int, ...]  # the summaries in force once this one is, oldest first
+    stack_tokens: tuple[int, ...]
+
+    def record(self) -> bytes:
+        return dump_json(self.as_dict())
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, value: dict) -> Summary:
+        for name in ("replaced_summaries", "replaced_turns", "stack", "stack_tokens"):
+            value[name] = tuple(value[name])
+        return cls(**value)
+
+    @classmethod
+    def parse(cls, data: bytes) -> Summary:
+        return cls.from_dict(load_json(data))
+
+
+@dataclass(frozen=True, slots=True)
+class Compaction:
+    """Whether compaction is due, and what to summarise: the oldest half of what may be."""
+
+    due: bool
+    candidate_ids: tuple[str, ...] = ()
+    tokens_before: int = 0
+
+
+def load_summary(txn: lmdb.Transaction, db: dict, key: bytes, index: int) -> Summary:
+    return Summary.parse(txn.get(key + be32(index), db=db["summaries"]))
+
+
+def in_force(txn: lmdb.Transaction, db: dict, key: bytes, run: Run, iteration: int) -> Summary | None:
+    """The newest summary recorded for an iteration <= ``iteration``: its stack stands in for
+    every event below its ``to_seq``. None when no summary stands in yet."""
+    index = run.summaries - 1
+    while index >= 0:
+        summary = load_summary(txn, db, key, index)
+        if summary.iteration <= iteration:
+            return summary
+        index -= 1
+    return None
+
+
+def read_artifact(txn: lmdb.Transaction, db: dict, key: bytes, ref: str) -> bytes:
+    """A summary's artifact: its entry as stored (a WindowEntry on the wire)."""
+    data = txn.get(key + ref.encode("utf-8"), db=db["artifacts"])
+    if data is None:
+        raise SummaryUnavailable(f"the summary {ref!r} can no longer be read: its artifact was deleted",
+                                 metadata={"summary_ref": ref})
+    return data
+
+
+def summarized_payload(summary: Summary, token_counter: str) -> str:
+    """The ``context.summarized`` payload, exactly RFC 0111's fields, in its order."""
+    return json.dumps({"iteration": summary.iteration, "replacedTurns": list(summary.replaced_turns),
+                       "summaryRef": summary.ref, "tokenCounter": token_counter,
+                       "tokensBefore": summary.tokens_before, "tokensAfter": summary.tokens_after},
+                      separators=(",", ":"))
+
+
+def write_summary(writer: LogWriter, summary: Summary, text: str, role: str, token_counter: str) -> StoredEvent:
+    """Persist the summary, its artifact and its ``context.summarized`` log entry (one txn)."""
+    txn, db, key = writer.txn, writer.db, writer.key
+    artifact = StoredEvent(summary.seq, summary.ref, summary.iteration, role, SUMMARY_TYPE, text, "",
+                           summary.tokens_after)
+    txn.put(key + summary.ref.encode("utf-8"), encode_event(artifact), db=db["artifacts"])
+    txn.put(key + be32(summary.index), summary.record(), db=db["summaries"])
+    entry = StoredEvent(summary.seq, f"{SIDECAR_ID_PREFIX}{SUMMARIZED_TYPE}:{summary.index}", summary.iteration,
+                        "system", SUMMARIZED_TYPE, summarized_payload(summary, token_counter), "", 0)
+    writer.append(entry, fastcore.NOT_A_UNIT)
+    writer.run.summaries = summary.index + 1
+    return entry
+
+
+@dataclass(frozen=True, slots=True)
+class SummaryRequest:
+    iteration: int
+    replaced_ids: tuple[str, ...]
+    text: str
+    strategy: str  # "" means the run's
+    host_token_count: int | None = None
+
+
+def protected_from(deps: Deps, txn: lmdb.Transaction, key: bytes, run: Run, iteration: int,
+                   counts: bytes, base_seq: int) -> int:
+    """Where the verbatim floor starts for a summary in force from ``iteration``: the active
+    turn and the last ``keep_last_turns`` turns, or the last ``keep_last_tokens`` tokens if that
+    reaches further back. ``counts`` must hold the log from ``base_seq`` to its end."""
+    settings = run.settings
+    by_turns = prefix_end(txn, deps.db, key, run, iteration - max(settings.keep_last_turns, 1))
+    by_tokens = base_seq + len(counts) // fastcore.RECORD_SIZE
+    total = 0
+    while settings.keep_last_tokens and by_tokens > base_seq and total < settings.keep_last_tokens:
+        by_tokens -= 1
+        total += _tokens_at(counts, base_seq, by_tokens)
+    return min(by_turns, by_tokens)
+
+
+def record_summary(deps: Deps, writer: LogWriter, request: SummaryRequest) -> tuple[Summary, StoredEvent, bool]:
+    """Validate and record a host's summary; returns (summary, its log entry, created). A retry
+    of a recorded summary (same range, same text) returns it with created False."""
+    txn, db, key, run = writer.txn, writer.db, writer.key, writer.run
+    settings = run.settings
+    if not settings.summarization:
+        raise ValidationError.field("run_id", "the run does not accept summaries (OpenRun summarization_supported)")
+    strategy = request.strategy or settings.summarization_strategy
+    if strategy not in STRATEGIES:
+        raise ValidationError.field("strategy", f"must be one of {', '.join(STRATEGIES)}")
+    if not request.text:
+        raise ValidationError.field("summary_text", "is required")
+    size = len(request.text.encode("utf-8"))
+    if size > deps.defaults.max_event_bytes:
+        raise ValidationError.field("summary_text", f"is {size} bytes; at most {deps.defaults.max_event_bytes} are allowed")
+    if not request.replaced_ids:
+        raise ValidationError.field("replaced_event_ids", "at least one event or summary is required")
+    for i, replaced in enumerate(request.replaced_ids):
+        check_id(f"replaced_event_ids[{i}]", replaced)
+    text_sha256 = hashlib.sha256(request.text.encode("utf-8")).hexdigest()
+
+    existing = _recorded_with(txn, db, key, run, request.replaced_ids)
+    if existing is not None:
+        if existing.text_sha256 != text_sha256:
+            raise Conflict.field("summary_text", f"this range is already summarised as {existing.ref!r}, with another text")
+        return existing, decode_event(txn.get(key + be32(existing.seq), db=db["events"])), False
+
+    iteration = check_at_least("iteration", request.iteration, 1)
+    if iteration < run.last_iteration or iteration <= run.last_assembled:
+        raise ValidationError.field(
+            "iteration", f"is {iteration}; a summary stands in from an iteration not yet assembled and not "
+            f"before the log's last (assembled up to {run.last_assembled}, log at {run.last_iteration})")
+    top = in_force(txn, db, key, run, iteration)
+    stack, stack_tokens = (top.stack, top.stack_tokens) if top else ((), ())
+    floor = top.to_seq if top else 0
+
+    # Replaced summaries first (a suffix of the stack, in its order), then events from the floor.
+    refs = [r for r in request.replaced_ids if r.startswith(REF_PREFIX)]
+    event_ids = list(request.replaced_ids[len(refs):])
+    violations = []
+    if any(r.startswith(REF_PREFIX) for r in event_ids):
+        violations.append(FieldViolation("replaced_event_ids", "replaced summaries must come before events"))
+    replaced_summaries: tuple[int, ...] = ()
+    if refs:
+        newest = stack[len(stack) - len(refs):] if len(refs) <= len(stack) else ()
+        if strategy not in STACKING_STRATEGIES:
+            violations.append(FieldViolation("replaced_event_ids[0]", f"only {' or '.join(STACKING_STRATEGIES)} "
+                                             "summaries may replace summaries"))
+        elif not newest or [load_summary(txn, db, key, i).ref for i in newest] != refs:
+            violations.append(FieldViolation("replaced_event_ids[0]", "replaced summaries must be the newest "
+                                             "ones in force, in order: " + ", ".join(_stack_refs(txn, db, key, stack))))
+        else:
+            replaced_summaries = newest
+
+    counts = read_counts(txn, db, key, floor, run.next_seq)
+    log_entries = set(non_units(counts, floor))
+    units = [seq for seq in range(floor, run.next_seq) if seq not in log_entries]
+    seqs = []
+    for i, event_id in enumerate(event_ids, start=len(refs)):
+        indexed = txn.get(key + event_id.encode("utf-8"), db=db["event_ids"])
+        seq = int.from_bytes(decode_id_index(indexed)[0], "big") if indexed else None
+        expected = units[len(seqs)] if len(seqs) < len(units) else None
+        if seq is None:
+            violations.append(FieldViolation(f"replaced_event_ids[{i}]", f"{event_id!r} is not an event of the run"))
+        elif seq != expected:
+            violations.append(FieldViolation(
+                f"replaced_event_ids[{i}]", f"{event_id!r} is not the next unsummarised event (the oldest events "
+                "not yet summarised must be replaced in order, without gaps)"))
+        seqs.append(seq)
+    if not violations and seqs:
+        cut = seqs[-1] + 1
+        protect = protected_from(deps, txn, key, run, iteration, counts, floor)
+        for i, (event_id, seq) in enumerate(zip(event_ids, seqs), start=len(refs)):
+            if seq >= protect:
+                violations.append(FieldViolation(f"replaced_event_ids[{i}]", f"{event_id!r} is in the active turn "
+                                                 "or the keep_last_turns / keep_last_tokens floor"))
+        split = fastcore.splits_group(counts, floor, floor, cut)
+        if split >= 0:
+            partner = read_ids(txn, db, key, split, split + 1)[0]
+            violations.append(FieldViolation(f"replaced_event_ids[{len(refs) + len(seqs) - 1}]",
+                                             f"the range splits a tool call from its result {partner!r}"))
+    if violations:
+        raise ValidationError("; ".join(f"{v.field}: {v.description}" for v in violations), tuple(violations))
+    if not seqs and len(replaced_summaries) < 2:
+        raise ValidationError.field("replaced_event_ids", "replacing summaries alone takes at least two of them")
+
+    token_counter = settings.token_counter
+    tokens_after = count_texts(deps.counters, token_counter, [request.text], [request.host_token_count],
+                               ["host_token_count"])[0]
+    tokens_before = sum(_tokens_at(counts, floor, seq) for seq in seqs)
+    kept = len(stack) - len(replaced_summaries)
+    tokens_before += sum(stack_tokens[kept:])
+    index = run.summaries
+    summary = Summary(
+        index=index, ref=f"{REF_PREFIX}{index}:{text_sha256[:12]}", seq=run.next_seq, iteration=iteration,
+        from_seq=floor, to_seq=(seqs[-1] + 1) if seqs else floor, replaced_summaries=replaced_summaries,
+        replaced_turns=tuple(refs) + tuple(event_ids), tokens_before=tokens_before, tokens_after=tokens_after,
+        strategy=strategy, text_sha256=text_sha256, stack=stack[:kept] + (index,),
+        stack_tokens=stack_tokens[:kept] + (tokens_after,))
+    entry = write_summary(writer, summary, request.text, deps.defaults.summary_role, token_counter)
+    return summary, entry, True
+
+
+def _tokens_at(counts: bytes, base_seq: int, seq: int) -> int:
+    at = (seq - base_seq) * fastcore.RECORD_SIZE
+    return int.from_bytes(counts[at:at + 4], "little")
+
+
+def _ref_index(ref: str) -> int | None:
+    try:
+        return int(ref[len(REF_PREFIX):].split(":", 1)[0])
+    except ValueError:
+        return None
+
+
+def _stack_refs(txn: lmdb.Transaction, db: dict, key: bytes, stack: tuple[int, ...]) -> list[str]:
+    return [load_summary(txn, db, key, index).ref for index in stack] or ["(none)"]
+
+
+def _recorded_with(txn: lmdb.Transaction, db: dict, key: bytes, run: Run,
+                   replaced: tuple[str, ...]) -> Summary | None:
+    """The summary already recorded for exactly these replaced turns, if any (a retry)."""
+    first = replaced[0]
+    if first.startswith(REF_PREFIX):
+        index = _ref_index(first)
+        candidates = range(index + 1, run.summaries) if index is not None else range(0)
+    else:
+        indexed = txn.get(key + first.encode("utf-8"), db=db["event_ids"])
+        if indexed is None:
+            return None
+        seq = int.from_bytes(decode_id_index(indexed)[0], "big")
+        # Summaries are recorded in seq order and each follows the events it replaced.
+        candidates = range(run.summaries - 1, -1, -1)
+        for index in candidates:
+            summary = load_summary(txn, db, key, index)
+            if summary.to_seq <= seq:
+                return None
+            if summary.replaced_turns == replaced:
+                return summary
+        return None
+    for index in candidates:
+        summary = load_summary(txn, db, key, index)
+        if summary.replaced_turns == replaced:
+            return summary
+    return None
+
+
+def compaction(deps: Deps, txn: lmdb.Transaction, key: bytes, run: Run, iteration: int, budget: int,
+               top: Summary | None, end: int) -> Compaction:
+    """Due when the unsummarised transcript exceeds ``compaction_fraction`` of the budget; the
+    candidates are the oldest half of what may be summarised (outside the verbatim floor and the
+    active turn, groups whole), at most a budget's worth, and, for ``recursive``, the summary in
+    force first."""
+    floor = top.to_seq if top else 0
+    counts = read_counts(txn, deps.db, key, floor, end)
+    protect = protected_from(deps, txn, key, run, iteration, counts, floor)
+    cut, tokens_before, unsummarised = fastcore.compaction_cut(counts, floor, floor, protect, budget)
+    if unsummarised <= deps.defaults.compaction_fraction * budget:
+        return Compaction(False)
+    skip = set(non_units(counts[:(cut - floor) * fastcore.RECORD_SIZE], floor))
+    ids = [i for seq, i in zip(range(floor, cut), read_ids(txn, deps.db, key, floor, cut)) if seq not in skip]
+    if not ids:
+        return Compaction(True)  # due, but everything left is in the verbatim floor
+    if top and run.settings.summarization_strategy == "recursive":
+        return Compaction(True, (top.ref, *ids), tokens_before + top.tokens_after)
+    return Compaction(True, tuple(ids), tokens_before)
+
+
+def extractive_summary(deps: Deps, txn: lmdb.Transaction, key: bytes, run: Run, candidate_ids: tuple[str, ...],
+                       tokens_before: int, budget: int) -> str | None:
+    """The built-in summariser: deterministic and extractive, the first line of each replaced
+    entry, clipped to a quarter of what it replaces (at most an eighth of the budget). None when
+    it could not be shorter than what it replaces."""
+    counter = deps.counters.get(run.settings.token_counter)
+    bound = max(32, min(tokens_before // 4, budget // 8))
+    if bound >= tokens_before:
+        return None
+    lines = [f"Summary of {len(candidate_ids)} earlier transcript entries (extractive):"]
+    for replaced in candidate_ids:
+        if replaced.startswith(REF_PREFIX):
+            event = decode_event(read_artifact(txn, deps.db, key, replaced))
+        else:
+            seq = decode_id_index(txn.get(key + replaced.encode("utf-8"), db=deps.db["event_ids"]))[0]
+            event = decode_event(txn.get(key + seq, db=deps.db["events"]))
+        first_line = event.content.strip().split("\n", 1)[0][:160]
+        lines.append(f"- {event.role}/{event.type}: {first_line}")
+    return counter.clip("\n".join(lines), bound)
