@@ -18,53 +18,20 @@ machine's drift (it is shared and noisy) hits every figure alike:
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from benchmarks import corpus
+from benchmarks.harness import Samples, interleaved, sidecar_process
 from sidecar.encodings import load_encoding
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
 
 BUDGETS = (8000, 32000)
-READY = "context-sidecar serving on "
-
-
-@dataclass
-class Samples:
-    seconds: list[float] = field(default_factory=list)
-
-    def percentile(self, fraction: float) -> float:
-        ordered = sorted(self.seconds)
-        return ordered[min(len(ordered) - 1, int(len(ordered) * fraction))] * 1e6
-
-    @property
-    def p50(self) -> float:
-        return self.percentile(0.5)
-
-    @property
-    def p99(self) -> float:
-        return self.percentile(0.99)
-
-
-def start_sidecar(storage: Path, server_env: dict[str, str]) -> tuple[subprocess.Popen, str]:
-    command = [sys.executable, "-m", "sidecar", "serve", "--listen", "127.0.0.1:0", "--storage-path", str(storage),
-               "--token-counter", "o200k_base", "--transcript-token-budget", str(max(BUDGETS)),
-               "--log-level", "WARNING"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env={**os.environ, **server_env})
-    line = process.stdout.readline()
-    if not line.startswith(READY):
-        process.kill()
-        raise SystemExit(f"the sidecar did not start: {line!r}")
-    return process, line[len(READY):].strip()
 
 
 def load_run(stub: pb_grpc.ContextSidecarStub, run_id: str, size: int) -> tuple[list[str], float]:
@@ -84,17 +51,11 @@ def load_run(stub: pb_grpc.ContextSidecarStub, run_id: str, size: int) -> tuple[
 def measure(args: argparse.Namespace) -> None:
     sizes = [int(size) for size in args.sizes.split(",")]
     server_env = dict(item.split("=", 1) for item in args.server_env)
+    flags = ["--token-counter", "o200k_base", "--transcript-token-budget", str(max(BUDGETS))]
     with tempfile.TemporaryDirectory(prefix="sidecar-bench-") as tmp:
-        process, address = start_sidecar(Path(tmp) / "lmdb", server_env)
-        try:
-            channel = grpc.insecure_channel(address, options=[("grpc.max_receive_message_length", 64 << 20)])
-            stub = pb_grpc.ContextSidecarStub(channel)
-            health = health_pb2_grpc.HealthStub(channel)
-            report = run_rounds(stub, health, sizes, args.rounds)
-            channel.close()
-        finally:
-            process.terminate()
-            process.wait(timeout=60)
+        with sidecar_process(Path(tmp) / "lmdb", flags, server_env) as channel:
+            report = run_rounds(pb_grpc.ContextSidecarStub(channel), health_pb2_grpc.HealthStub(channel), sizes,
+                                args.rounds)
     print_report(report, sizes, args.markdown)
 
 
@@ -134,18 +95,7 @@ def run_rounds(stub, health, sizes: list[int], rounds: int) -> dict:
     for (kind, size, budget), call in calls.items():
         if kind == "assemble":
             windows[(size, budget)] = call()  # persists the window the rounds re-assemble
-    for _ in range(20):
-        for call in calls.values():
-            call()
-
-    samples = {key: Samples() for key in calls}
-    keys = list(calls)
-    for round_ in range(rounds):
-        offset = round_ % len(keys)
-        for key in keys[offset:] + keys[:offset]:
-            begin = time.perf_counter()
-            calls[key]()
-            samples[key].seconds.append(time.perf_counter() - begin)
+    samples = interleaved(calls, rounds)
 
     encoding = load_encoding("o200k_base")
     retokenize = {}

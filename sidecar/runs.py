@@ -6,7 +6,7 @@ is stored at that prefix in the ``runs`` database.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import lmdb
@@ -61,11 +61,11 @@ class Run:
 
     def record(self) -> bytes:
         value: dict[str, Any] = {
-            "settings": asdict(self.settings), "next_seq": self.next_seq, "last_iteration": self.last_iteration,
+            "settings": _fields(self.settings), "next_seq": self.next_seq, "last_iteration": self.last_iteration,
             "last_assembled": self.last_assembled, "summaries": self.summaries,
             "replay_pending": self.replay_pending}
         if self.origin:
-            value["origin"] = asdict(self.origin)
+            value["origin"] = _fields(self.origin)
         return dump_json(value)
 
     @classmethod
@@ -75,6 +75,11 @@ class Run:
         return cls(RunSettings(**value["settings"]), value["next_seq"], value["last_iteration"],
                    value.get("last_assembled", 0), value.get("summaries", 0), value.get("replay_pending", 0),
                    ForkOrigin(**origin) if origin else None)
+
+
+def _fields(value: Any) -> dict[str, Any]:
+    # Not dataclasses.asdict: it deep-copies, and the run record is written on every turn.
+    return {name: getattr(value, name) for name in value.__slots__}
 
 
 def run_key(tenant: str, run_id: str, field: str = "run_id") -> bytes:

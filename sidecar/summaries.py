@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from typing import Callable
 
 import lmdb
 
@@ -47,17 +48,19 @@ class Summary:
     strategy: str
     text_sha256: str
     stack: tuple[int, ...]  # the summaries in force once this one is, oldest first
-    stack_tokens: tuple[int, ...]
+    stack_tokens: tuple[int, ...]  # their tokens_after
+    stack_refs: tuple[str, ...]  # their refs
 
     def record(self) -> bytes:
         return dump_json(self.as_dict())
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        # Not dataclasses.asdict: it deep-copies every field, which costs more than the rest of a turn.
+        return {name: getattr(self, name) for name in self.__slots__}
 
     @classmethod
     def from_dict(cls, value: dict) -> Summary:
-        for name in ("replaced_summaries", "replaced_turns", "stack", "stack_tokens"):
+        for name in ("replaced_summaries", "replaced_turns", "stack", "stack_tokens", "stack_refs"):
             value[name] = tuple(value[name])
         return cls(**value)
 
@@ -79,16 +82,28 @@ def load_summary(txn: lmdb.Transaction, db: dict, key: bytes, index: int) -> Sum
     return Summary.parse(txn.get(key + be32(index), db=db["summaries"]))
 
 
+def last_summary_where(txn: lmdb.Transaction, db: dict, key: bytes, run: Run,
+                       holds: Callable[[Summary], bool]) -> Summary | None:
+    """The newest summary for which ``holds`` is true, where ``holds`` is true of a prefix of
+    the summaries in recording order (their seqs and iterations never decrease): a binary search,
+    O(log n) reads however many summaries the run has recorded since."""
+    if run.summaries and holds(newest := load_summary(txn, db, key, run.summaries - 1)):
+        return newest  # the usual case: the turn being assembled is the newest
+    low, high, found = 0, run.summaries - 2, None
+    while low <= high:
+        middle = (low + high) // 2
+        summary = load_summary(txn, db, key, middle)
+        if holds(summary):
+            found, low = summary, middle + 1
+        else:
+            high = middle - 1
+    return found
+
+
 def in_force(txn: lmdb.Transaction, db: dict, key: bytes, run: Run, iteration: int) -> Summary | None:
     """The newest summary recorded for an iteration <= ``iteration``: its stack stands in for
     every event below its ``to_seq``. None when no summary stands in yet."""
-    index = run.summaries - 1
-    while index >= 0:
-        summary = load_summary(txn, db, key, index)
-        if summary.iteration <= iteration:
-            return summary
-        index -= 1
-    return None
+    return last_summary_where(txn, db, key, run, lambda summary: summary.iteration <= iteration)
 
 
 def read_artifact(txn: lmdb.Transaction, db: dict, key: bytes, ref: str) -> bytes:
@@ -179,7 +194,7 @@ def record_summary(deps: Deps, writer: LogWriter, request: SummaryRequest) -> tu
             "iteration", f"is {iteration}; a summary stands in from an iteration not yet assembled and not "
             f"before the log's last (assembled up to {run.last_assembled}, log at {run.last_iteration})")
     top = in_force(txn, db, key, run, iteration)
-    stack, stack_tokens = (top.stack, top.stack_tokens) if top else ((), ())
+    stack, stack_tokens, stack_refs = (top.stack, top.stack_tokens, top.stack_refs) if top else ((), (), ())
     floor = top.to_seq if top else 0
 
     # Replaced summaries first (a suffix of the stack, in its order), then events from the floor.
@@ -190,15 +205,15 @@ def record_summary(deps: Deps, writer: LogWriter, request: SummaryRequest) -> tu
         violations.append(FieldViolation("replaced_event_ids", "replaced summaries must come before events"))
     replaced_summaries: tuple[int, ...] = ()
     if refs:
-        newest = stack[len(stack) - len(refs):] if len(refs) <= len(stack) else ()
+        newest = len(stack) - len(refs)
         if strategy not in STACKING_STRATEGIES:
             violations.append(FieldViolation("replaced_event_ids[0]", f"only {' or '.join(STACKING_STRATEGIES)} "
                                              "summaries may replace summaries"))
-        elif not newest or [load_summary(txn, db, key, i).ref for i in newest] != refs:
+        elif newest < 0 or list(stack_refs[newest:]) != refs:
             violations.append(FieldViolation("replaced_event_ids[0]", "replaced summaries must be the newest "
-                                             "ones in force, in order: " + ", ".join(_stack_refs(txn, db, key, stack))))
+                                             "ones in force, in order: " + (", ".join(stack_refs) or "(none)")))
         else:
-            replaced_summaries = newest
+            replaced_summaries = stack[newest:]
 
     counts = read_counts(txn, db, key, floor, run.next_seq)
     log_entries = set(non_units(counts, floor))
@@ -239,12 +254,13 @@ def record_summary(deps: Deps, writer: LogWriter, request: SummaryRequest) -> tu
     kept = len(stack) - len(replaced_summaries)
     tokens_before += sum(stack_tokens[kept:])
     index = run.summaries
+    ref = f"{REF_PREFIX}{index}:{text_sha256[:12]}"
     summary = Summary(
-        index=index, ref=f"{REF_PREFIX}{index}:{text_sha256[:12]}", seq=run.next_seq, iteration=iteration,
+        index=index, ref=ref, seq=run.next_seq, iteration=iteration,
         from_seq=floor, to_seq=(seqs[-1] + 1) if seqs else floor, replaced_summaries=replaced_summaries,
         replaced_turns=tuple(refs) + tuple(event_ids), tokens_before=tokens_before, tokens_after=tokens_after,
         strategy=strategy, text_sha256=text_sha256, stack=stack[:kept] + (index,),
-        stack_tokens=stack_tokens[:kept] + (tokens_after,))
+        stack_tokens=stack_tokens[:kept] + (tokens_after,), stack_refs=stack_refs[:kept] + (ref,))
     entry = write_summary(writer, summary, request.text, deps.defaults.summary_role, token_counter)
     return summary, entry, True
 
@@ -259,10 +275,6 @@ def _ref_index(ref: str) -> int | None:
         return int(ref[len(REF_PREFIX):].split(":", 1)[0])
     except ValueError:
         return None
-
-
-def _stack_refs(txn: lmdb.Transaction, db: dict, key: bytes, stack: tuple[int, ...]) -> list[str]:
-    return [load_summary(txn, db, key, index).ref for index in stack] or ["(none)"]
 
 
 def _recorded_with(txn: lmdb.Transaction, db: dict, key: bytes, run: Run,

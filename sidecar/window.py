@@ -18,7 +18,8 @@ from sidecar.eventlog import CHUNK_EVENTS, non_units, prefix_end, read_ids, read
 from sidecar.records import StoredEvent, decode_event, dump_json
 from sidecar.runs import Deps, Run, save_run
 from sidecar.store import be32
-from sidecar.summaries import Compaction, Summary, compaction, in_force, load_summary, read_artifact
+from sidecar.summaries import (Compaction, Summary, compaction, in_force, last_summary_where, load_summary,
+                               read_artifact)
 
 MAX_COUNT = 2**31 - 1
 
@@ -143,12 +144,12 @@ def persist(deps: Deps, txn: lmdb.Transaction, key: bytes, run: Run, iteration: 
         if chosen.end > chosen.start else b""
     counts_base = (chosen.start // CHUNK_EVENTS) * CHUNK_EVENTS
     skip = [seq for seq in non_units(counts, counts_base) if chosen.start <= seq < chosen.end]
-    summaries = [load_summary(txn, db, key, index) for index in top.stack[len(top.stack) - chosen.prefix_in:]] \
-        if top and chosen.prefix_in else []
+    newest = len(top.stack) - chosen.prefix_in if top else 0
+    summaries = list(zip(top.stack[newest:], top.stack_refs[newest:])) if top and chosen.prefix_in else []
     record: dict[str, Any] = {
         "plan": chosen.identity(), "start": chosen.start, "end": chosen.end, "counter": chosen.token_counter,
         "budget": chosen.budget, "tokens": chosen.tokens, "skip": skip, "clipped": [],
-        "summaries": [[s.index, s.ref] for s in summaries],
+        "summaries": summaries,
         "omitted": chosen.start - _log_entries_before(txn, db, key, run, chosen.start)}
     if chosen.cap >= 0:
         # Clip the mandatory events above the cap; the counts of the clipped texts, not the
@@ -177,10 +178,8 @@ def persist(deps: Deps, txn: lmdb.Transaction, key: bytes, run: Run, iteration: 
 
 def _log_entries_before(txn: lmdb.Transaction, db: dict, key: bytes, run: Run, seq: int) -> int:
     """How many of the sidecar's own log entries (one per summary) lie below ``seq``."""
-    index = run.summaries - 1
-    while index >= 0 and load_summary(txn, db, key, index).seq >= seq:
-        index -= 1
-    return index + 1
+    last = last_summary_where(txn, db, key, run, lambda summary: summary.seq < seq)
+    return last.index + 1 if last else 0
 
 
 def from_record(deps: Deps, txn: lmdb.Transaction, key: bytes, run_id: str, iteration: int, record: dict,

@@ -35,6 +35,11 @@ const METHODS = {
   GetTranscriptWindow: 'getTranscriptWindow',
   CountTokens: 'countTokens',
   GetCapabilities: 'getCapabilities',
+  RecordSummary: 'recordSummary',
+  GetArtifact: 'getArtifact',
+  DeleteArtifact: 'deleteArtifact',
+  ForkRun: 'forkRun',
+  DeleteRun: 'deleteRun',
 };
 
 /**
@@ -67,4 +72,4 @@ function connect(address, { channelOptions = {} } = {}) {
   return client;
 }
 
-module.exports = { connect, PROTO_PATH, LOADER_OPTIONS, status: grpc.status };
+module.exports = { connect, loadService, METHODS, PROTO_PATH, LOADER_OPTIONS, status: grpc.status };

@@ -9,67 +9,24 @@
 
 const { describe, it, before, after } = require('node:test');
 const assert = require('node:assert/strict');
-const { spawn } = require('node:child_process');
 const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
-const readline = require('node:readline');
 
 const { connect, status } = require('../client');
+const { startSidecar, killSidecar } = require('./sidecar');
 
-const REPO_ROOT = path.join(__dirname, '..', '..', '..');
-const PYTHON = process.env.SIDECAR_PYTHON || 'python';
 const BUDGET = 2000;
 const TURNS = 40;
 const RUN_ID = 'node-transcript-run';
 const OVERSIZED_TURN = 27; // one turn alone exceeds the budget: its big event must be clipped
-const READY_TIMEOUT_MS = 30000;
 
 const codePoints = (text) => [...text].length;
 const utf8Bytes = (text) => Buffer.byteLength(text, 'utf8');
 
 // --- the sidecar process ------------------------------------------------------------------
 
-function startSidecar(tmpDir) {
-  const address = `unix://${path.join(tmpDir, 'sidecar.sock')}`;
-  const args = ['-m', 'sidecar', 'serve', '--listen', address,
-    '--storage-path', path.join(tmpDir, 'data'), '--token-counter', 'chars',
-    '--transcript-token-budget', String(BUDGET), '--log-level', 'WARNING'];
-  // cwd is the repository root so `-m sidecar` resolves even without an installed package.
-  const child = spawn(PYTHON, args, { cwd: REPO_ROOT, stdio: ['ignore', 'pipe', 'pipe'] });
-  let stderr = '';
-  child.stderr.setEncoding('utf8');
-  child.stderr.on('data', (chunk) => { stderr += chunk; });
-  // 'close' rather than 'exit': by then stderr has been read to the end.
-  const exited = new Promise((resolve) => {
-    child.on('close', (code, signal) => resolve({ code, signal }));
-  });
-
-  const ready = new Promise((resolve, reject) => {
-    const timer = setTimeout(() => {
-      reject(new Error(`sidecar not ready after ${READY_TIMEOUT_MS} ms; stderr:\n${stderr}`));
-    }, READY_TIMEOUT_MS);
-    const lines = readline.createInterface({ input: child.stdout });
-    lines.on('line', (line) => {
-      const match = /^context-sidecar serving on (\S+)$/.exec(line.trim());
-      if (match) {
-        clearTimeout(timer);
-        resolve(match[1]);
-      }
-    });
-    child.on('error', (err) => {
-      clearTimeout(timer);
-      reject(new Error(`cannot start ${PYTHON}: ${err.message}`));
-    });
-    exited.then(({ code, signal }) => {
-      clearTimeout(timer);
-      // After the ready line this rejection is ignored: the promise is already settled.
-      reject(new Error(`sidecar exited early (code ${code}, signal ${signal}); stderr:\n${stderr}`));
-    });
-  });
-
-  return { child, ready, exited, address, stderr: () => stderr };
-}
+const sidecarFlags = () => ['--token-counter', 'chars', '--transcript-token-budget', String(BUDGET)];
 
 // --- deterministic content ----------------------------------------------------------------
 
@@ -285,7 +242,7 @@ describe('context sidecar over gRPC (Node.js client)', () => {
 
   before(async () => {
     tmpDir = fs.mkdtempSync(path.join(os.tmpdir(), 'cs-node-'));
-    sidecar = startSidecar(tmpDir);
+    sidecar = startSidecar(tmpDir, sidecarFlags());
     const address = await sidecar.ready;
     assert.equal(address, sidecar.address);
     client = connect(address);
@@ -293,10 +250,7 @@ describe('context sidecar over gRPC (Node.js client)', () => {
 
   after(async () => {
     if (client) client.close();
-    if (sidecar && sidecar.child.pid && sidecar.child.exitCode === null && sidecar.child.signalCode === null) {
-      sidecar.child.kill('SIGKILL'); // only if a failure skipped the clean stop below
-      await sidecar.exited;
-    }
+    await killSidecar(sidecar); // only if a failure skipped the clean stop below
     if (tmpDir) fs.rmSync(tmpDir, { recursive: true, force: true });
   });
 

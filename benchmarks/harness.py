@@ -1,0 +1,72 @@
+"""What the benchmarks share: a real sidecar process, percentile samples, interleaved rounds."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+import grpc
+
+READY = "context-sidecar serving on "
+
+
+@dataclass
+class Samples:
+    seconds: list[float] = field(default_factory=list)
+
+    def percentile(self, fraction: float) -> float:
+        """Microseconds."""
+        ordered = sorted(self.seconds)
+        return ordered[min(len(ordered) - 1, int(len(ordered) * fraction))] * 1e6
+
+    @property
+    def p50(self) -> float:
+        return self.percentile(0.5)
+
+    @property
+    def p99(self) -> float:
+        return self.percentile(0.99)
+
+
+@contextmanager
+def sidecar_process(storage: Path, flags: Sequence[str], server_env: dict[str, str] | None = None) -> Iterator[grpc.Channel]:
+    """``python -m sidecar serve`` on a free loopback port; a channel to it while it runs."""
+    command = [sys.executable, "-m", "sidecar", "serve", "--listen", "127.0.0.1:0", "--storage-path", str(storage),
+               "--log-level", "WARNING", *flags]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env={**os.environ, **(server_env or {})})
+    try:
+        line = process.stdout.readline()
+        if not line.startswith(READY):
+            raise SystemExit(f"the sidecar did not start: {line!r}")
+        channel = grpc.insecure_channel(line[len(READY):].strip(),
+                                        options=[("grpc.max_receive_message_length", 64 << 20)])
+        try:
+            yield channel
+        finally:
+            channel.close()
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+
+
+def interleaved(calls: dict[str, Callable[[], object]], rounds: int, warmup: int = 20) -> dict[str, Samples]:
+    """Time every call once per round, in an order that rotates each round, so the drift of a
+    shared machine hits every figure alike."""
+    keys = list(calls)
+    for _ in range(warmup):
+        for call in calls.values():
+            call()
+    samples = {key: Samples() for key in keys}
+    for round_ in range(rounds):
+        offset = round_ % len(keys)
+        for key in keys[offset:] + keys[:offset]:
+            begin = time.perf_counter()
+            calls[key]()
+            samples[key].seconds.append(time.perf_counter() - begin)
+    return samples

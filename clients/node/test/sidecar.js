@@ -1,0 +1,70 @@
+'use strict';
+
+// Test helper (not a test; `npm test` runs test/*.test.js): start a real sidecar process for one
+// test file.
+
+const { spawn } = require('node:child_process');
+const path = require('node:path');
+const readline = require('node:readline');
+
+const REPO_ROOT = path.join(__dirname, '..', '..', '..');
+const PYTHON = process.env.SIDECAR_PYTHON || 'python';
+const READY_TIMEOUT_MS = 30000;
+
+/**
+ * Start `python -m sidecar serve` listening on a unix socket in `tmpDir`, storing in
+ * `tmpDir/data`, with `flags` (e.g. ['--token-counter', 'chars']) after the common ones.
+ *
+ * Returns { child, ready, exited, address, stderr() }: `ready` resolves to the address from the
+ * sidecar's "serving on" line (rejects if it exits first or is not ready in time), `exited`
+ * resolves to { code, signal } once the process is gone and its stderr read to the end.
+ */
+function startSidecar(tmpDir, flags = []) {
+  const address = `unix://${path.join(tmpDir, 'sidecar.sock')}`;
+  const args = ['-m', 'sidecar', 'serve', '--listen', address,
+    '--storage-path', path.join(tmpDir, 'data'), '--log-level', 'WARNING', ...flags];
+  // cwd is the repository root so `-m sidecar` resolves even without an installed package.
+  const child = spawn(PYTHON, args, { cwd: REPO_ROOT, stdio: ['ignore', 'pipe', 'pipe'] });
+  let stderr = '';
+  child.stderr.setEncoding('utf8');
+  child.stderr.on('data', (chunk) => { stderr += chunk; });
+  // 'close' rather than 'exit': by then stderr has been read to the end.
+  const exited = new Promise((resolve) => {
+    child.on('close', (code, signal) => resolve({ code, signal }));
+  });
+
+  const ready = new Promise((resolve, reject) => {
+    const timer = setTimeout(() => {
+      reject(new Error(`sidecar not ready after ${READY_TIMEOUT_MS} ms; stderr:\n${stderr}`));
+    }, READY_TIMEOUT_MS);
+    const lines = readline.createInterface({ input: child.stdout });
+    lines.on('line', (line) => {
+      const match = /^context-sidecar serving on (\S+)$/.exec(line.trim());
+      if (match) {
+        clearTimeout(timer);
+        resolve(match[1]);
+      }
+    });
+    child.on('error', (err) => {
+      clearTimeout(timer);
+      reject(new Error(`cannot start ${PYTHON}: ${err.message}`));
+    });
+    exited.then(({ code, signal }) => {
+      clearTimeout(timer);
+      // After the ready line this rejection is ignored: the promise is already settled.
+      reject(new Error(`sidecar exited early (code ${code}, signal ${signal}); stderr:\n${stderr}`));
+    });
+  });
+
+  return { child, ready, exited, address, stderr: () => stderr };
+}
+
+/** Kill the sidecar if it is still running (after a failure skipped its clean stop). */
+async function killSidecar(sidecar) {
+  if (sidecar && sidecar.child.pid && sidecar.child.exitCode === null && sidecar.child.signalCode === null) {
+    sidecar.child.kill('SIGKILL');
+    await sidecar.exited;
+  }
+}
+
+module.exports = { startSidecar, killSidecar, REPO_ROOT, PYTHON };
