@@ -12,7 +12,7 @@ round by round, every call once in a rotating order:
 - record: RecordSummary of the summary in force plus the oldest unsummarised event
   (``recursive``, so the stack stays at 50): validate, durable commit.
 
-    python -m benchmarks.summaries [--rounds 300] [--stacked 50]
+    python -m benchmarks.summaries [--rounds 300] [--stacked 50] [--no-sync]
 """
 
 from __future__ import annotations
@@ -58,10 +58,10 @@ def build(stub: pb_grpc.ContextSidecarStub, stacked: int) -> dict:
     return {"refs": refs, "unsummarised": deque(f"e{i}" for i in range(stacked, total)), "iteration": stacked + 2}
 
 
-def measure(rounds: int, stacked: int) -> None:
+def measure(rounds: int, stacked: int, extra_flags: list[str]) -> None:
     with tempfile.TemporaryDirectory(prefix="sidecar-bench-") as tmp:
         with sidecar_process(Path(tmp) / "lmdb", ["--token-counter", "o200k_base", "--transcript-token-budget",
-                                                  str(BUDGET), "--summarization"]) as channel:
+                                                  str(BUDGET), "--summarization", *extra_flags]) as channel:
             stub = pb_grpc.ContextSidecarStub(channel)
             health = health_pb2_grpc.HealthStub(channel)
             state = build(stub, stacked)
@@ -94,7 +94,8 @@ def measure(rounds: int, stacked: int) -> None:
             still = sum(1 for entry in last.entries if entry.type == "context.summary")
 
     bare = samples["bare"].p50
-    print(f"\n{rounds} interleaved rounds; {in_window} summaries in the re-assembled window "
+    print(f"\nsidecar flags: {' '.join(extra_flags) or '(defaults: sync on)'}")
+    print(f"{rounds} interleaved rounds; {in_window} summaries in the re-assembled window "
           f"({len(window.entries)} entries, {window.token_count} tokens); {still} at the end of the rounds\n")
     print("| call | p50 us | p99 us | p50 / bare p50 |\n|---|---:|---:|---:|")
     for name, label in [("bare", "bare RPC (health Check)"), ("assemble", f"AssembleContext, {in_window} summaries (read)"),
@@ -107,8 +108,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=300)
     parser.add_argument("--stacked", type=int, default=50, help="summaries in force")
+    parser.add_argument("--no-sync", action="store_true",
+                        help="run the sidecar with --no-sync, to see its own work without the fsyncs")
     args = parser.parse_args()
-    measure(args.rounds, args.stacked)
+    measure(args.rounds, args.stacked, ["--no-sync"] if args.no_sync else [])
 
 
 if __name__ == "__main__":

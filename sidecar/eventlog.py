@@ -3,7 +3,8 @@
 The log holds the host's events and the sidecar's own entries (``context.summarized``), in one
 seq space. Every entry is kept as its record (``events``), its id (``event_ids`` index and the
 per-chunk id lists) and a packed count record (``counts``) that fastcore walks; the sidecar's
-entries are marked ``NOT_A_UNIT`` there, so they weigh nothing in a window.
+entries are marked ``NOT_A_UNIT`` there, so they weigh nothing in a window, and indexed by seq
+(``log_entries``, valued with how many came before), so finding them never scans the log.
 """
 
 from __future__ import annotations
@@ -78,6 +79,9 @@ class LogWriter:
             self._ids[chunk] = ids.decode("utf-8").split(ID_SEPARATOR) if ids else []
         self._counts[chunk] += pack_count(entry.tokens, entry.iteration, group_first)
         self._ids[chunk].append(entry.event_id)
+        if group_first == fastcore.NOT_A_UNIT:
+            txn.put(key + be32(seq), be32(run.log_entries), db=db["log_entries"])
+            run.log_entries += 1
         run.next_seq = seq + 1
         run.last_iteration = entry.iteration
 
@@ -218,21 +222,34 @@ def read_counts(txn: lmdb.Transaction, db: dict, key: bytes, start: int, end: in
     return records[(start - offset) * fastcore.RECORD_SIZE:(end - offset) * fastcore.RECORD_SIZE]
 
 
-def non_units(counts: bytes, base_seq: int) -> list[int]:
-    """The seqs of the log entries that are not transcript (``NOT_A_UNIT``) among ``counts``.
-
-    No token count or iteration reaches 2**32 - 1, so the marker's bytes only ever match at a
-    record's group_first: a C-level search finds them without unpacking every record."""
-    marker = fastcore.NOT_A_UNIT.to_bytes(4, "little")
-    seqs, at = [], counts.find(marker)
-    while at >= 0:
-        if at % fastcore.RECORD_SIZE == 8:  # the group_first field
-            seqs.append(base_seq + at // fastcore.RECORD_SIZE)
-            at += 4
-        else:
-            at += 1
-        at = counts.find(marker, at)
+def log_entries_in(txn: lmdb.Transaction, db: dict, key: bytes, start: int, end: int) -> list[int]:
+    """The seqs of the sidecar's own entries (not transcript) in ``[start, end)``."""
+    seqs = []
+    cursor = txn.cursor(db=db["log_entries"])
+    if cursor.set_range(key + be32(start)):
+        for entry_key in cursor.iternext(values=False):
+            if not entry_key.startswith(key) or (seq := int.from_bytes(entry_key[len(key):], "big")) >= end:
+                break
+            seqs.append(seq)
     return seqs
+
+
+def log_entries_before(txn: lmdb.Transaction, db: dict, key: bytes, run: Run, seq: int) -> int:
+    """How many of the sidecar's own entries lie below ``seq``."""
+    cursor = txn.cursor(db=db["log_entries"])
+    if cursor.set_range(key + be32(seq)) and cursor.key().startswith(key):
+        return int.from_bytes(cursor.value(), "big")
+    return run.log_entries
+
+
+def host_event_ids(txn: lmdb.Transaction, db: dict, key: bytes, start: int, end: int) -> list[str]:
+    """The ids of the host's events in ``[start, end)``, in order (the sidecar's entries left out)."""
+    ids = read_ids(txn, db, key, start, end)
+    skip = log_entries_in(txn, db, key, start, end)
+    if skip:
+        skipped = set(skip)
+        ids = [event_id for seq, event_id in zip(range(start, end), ids) if seq not in skipped]
+    return ids
 
 
 def prefix_end(txn: lmdb.Transaction, db: dict, key: bytes, run: Run, iteration: int) -> int:

@@ -19,7 +19,7 @@ import lmdb
 
 from sidecar.errors import Conflict, NotFound, SummaryUnavailable, ValidationError
 import fastcore
-from sidecar.eventlog import CHUNK_EVENTS, LogWriter, NewEvent, non_units, read_counts, read_ids
+from sidecar.eventlog import CHUNK_EVENTS, LogWriter, NewEvent, host_event_ids, read_ids
 from sidecar.records import ID_SEPARATOR, StoredEvent, decode_event
 from sidecar.runs import Deps, ForkOrigin, Run, load_run, require_run, save_run
 from sidecar.store import be32
@@ -84,7 +84,8 @@ def fork_run(deps: Deps, txn: lmdb.Transaction, source_key: bytes, source_run_id
                 last_assembled = max(last_assembled, iteration)
     last_iteration = decode_event(txn.get(source_key + be32(from_seq - 1), db=db["events"])).iteration \
         if from_seq else 0
-    fork = Run(source.settings, from_seq, last_iteration, last_assembled, len(carried), len(pending), origin)
+    fork = Run(source.settings, from_seq, last_iteration, last_assembled, len(carried), len(pending), origin,
+               log_entries=len(carried))
     save_run(txn, db, fork_key, fork)
     return fork, True
 
@@ -100,13 +101,15 @@ def _copy_log(txn: lmdb.Transaction, db: dict, source_key: bytes, fork_key: byte
     for event_id in read_ids(txn, db, source_key, 0, from_seq):
         id_key = event_id.encode("utf-8")
         txn.put(fork_key + id_key, txn.get(source_key + id_key, db=db["event_ids"]), db=db["event_ids"])
-    for name in ("call_ids", "iterations"):  # both map to a first seq
+    for name in ("call_ids", "iterations", "log_entries"):
         cursor = txn.cursor(db=db[name])
         if cursor.set_range(source_key):
             for index_key, value in cursor:
                 if not index_key.startswith(source_key):
                     break
-                if int.from_bytes(value, "big") < from_seq:
+                # call_ids and iterations map to a first seq; log_entries are keyed by their seq.
+                seq = int.from_bytes(index_key[len(source_key):] if name == "log_entries" else value, "big")
+                if seq < from_seq:
                     txn.put(fork_key + index_key[len(source_key):], value, db=db[name])
     for chunk in range((from_seq - 1) // CHUNK_EVENTS + 1):
         kept = min(CHUNK_EVENTS, from_seq - chunk * CHUNK_EVENTS)
@@ -219,9 +222,7 @@ def _still_replaying(writer: LogWriter, summary: Summary) -> bool:
         return False
     if summary.replaced_summaries and stack[len(stack) - len(summary.replaced_summaries):] != summary.replaced_summaries:
         return False
-    skip = set(non_units(read_counts(txn, db, key, summary.from_seq, summary.to_seq), summary.from_seq))
-    ids = [i for seq, i in zip(range(summary.from_seq, summary.to_seq),
-                               read_ids(txn, db, key, summary.from_seq, summary.to_seq)) if seq not in skip]
+    ids = host_event_ids(txn, db, key, summary.from_seq, summary.to_seq)
     return tuple(ids) == summary.replaced_turns[len(summary.replaced_summaries):]
 
 

@@ -58,12 +58,13 @@ class Run:
     summaries: int = 0  # summaries recorded in the run (in force or replaced)
     replay_pending: int = 0  # a replay fork's source summaries not reached yet
     origin: ForkOrigin | None = None
+    log_entries: int = 0  # the sidecar's own entries in the log (one per summary)
 
     def record(self) -> bytes:
         value: dict[str, Any] = {
             "settings": _fields(self.settings), "next_seq": self.next_seq, "last_iteration": self.last_iteration,
             "last_assembled": self.last_assembled, "summaries": self.summaries,
-            "replay_pending": self.replay_pending}
+            "replay_pending": self.replay_pending, "log_entries": self.log_entries}
         if self.origin:
             value["origin"] = _fields(self.origin)
         return dump_json(value)
@@ -74,7 +75,7 @@ class Run:
         origin = value.get("origin")
         return cls(RunSettings(**value["settings"]), value["next_seq"], value["last_iteration"],
                    value.get("last_assembled", 0), value.get("summaries", 0), value.get("replay_pending", 0),
-                   ForkOrigin(**origin) if origin else None)
+                   ForkOrigin(**origin) if origin else None, value.get("log_entries", 0))
 
 
 def _fields(value: Any) -> dict[str, Any]:

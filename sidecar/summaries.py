@@ -20,7 +20,7 @@ import lmdb
 
 import fastcore
 from sidecar.errors import Conflict, FieldViolation, SummaryUnavailable, ValidationError
-from sidecar.eventlog import LogWriter, count_texts, non_units, prefix_end, read_counts, read_ids
+from sidecar.eventlog import LogWriter, count_texts, host_event_ids, log_entries_in, prefix_end, read_counts, read_ids
 from sidecar.records import StoredEvent, decode_event, decode_id_index, dump_json, encode_event, load_json
 from sidecar.runs import SIDECAR_ID_PREFIX, Deps, Run
 from sidecar.settings import STRATEGIES
@@ -113,6 +113,17 @@ def read_artifact(txn: lmdb.Transaction, db: dict, key: bytes, ref: str) -> byte
         raise SummaryUnavailable(f"the summary {ref!r} can no longer be read: its artifact was deleted",
                                  metadata={"summary_ref": ref})
     return data
+
+
+def read_artifacts(txn: lmdb.Transaction, db: dict, key: bytes, refs: list[str]) -> list[bytes]:
+    """Several artifacts in one C-level pass (a window may feed dozens of summaries)."""
+    if not refs:
+        return []
+    found = txn.cursor(db=db["artifacts"]).getmulti([key + ref.encode("utf-8") for ref in refs])
+    if len(found) != len(refs):
+        present = {stored_key[len(key):].decode("utf-8") for stored_key, _ in found}
+        read_artifact(txn, db, key, next(ref for ref in refs if ref not in present))  # raises for it
+    return [value for _, value in found]
 
 
 def summarized_payload(summary: Summary, token_counter: str) -> str:
@@ -216,7 +227,7 @@ def record_summary(deps: Deps, writer: LogWriter, request: SummaryRequest) -> tu
             replaced_summaries = stack[newest:]
 
     counts = read_counts(txn, db, key, floor, run.next_seq)
-    log_entries = set(non_units(counts, floor))
+    log_entries = set(log_entries_in(txn, db, key, floor, run.next_seq))
     units = [seq for seq in range(floor, run.next_seq) if seq not in log_entries]
     seqs = []
     for i, event_id in enumerate(event_ids, start=len(refs)):
@@ -317,8 +328,7 @@ def compaction(deps: Deps, txn: lmdb.Transaction, key: bytes, run: Run, iteratio
     cut, tokens_before, unsummarised = fastcore.compaction_cut(counts, floor, floor, protect, budget)
     if unsummarised <= deps.defaults.compaction_fraction * budget:
         return Compaction(False)
-    skip = set(non_units(counts[:(cut - floor) * fastcore.RECORD_SIZE], floor))
-    ids = [i for seq, i in zip(range(floor, cut), read_ids(txn, deps.db, key, floor, cut)) if seq not in skip]
+    ids = host_event_ids(txn, deps.db, key, floor, cut)
     if not ids:
         return Compaction(True)  # due, but everything left is in the verbatim floor
     if top and run.settings.summarization_strategy == "recursive":

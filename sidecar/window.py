@@ -14,12 +14,11 @@ from typing import Any
 import lmdb
 
 import fastcore
-from sidecar.eventlog import CHUNK_EVENTS, non_units, prefix_end, read_ids, read_records
+from sidecar.eventlog import CHUNK_EVENTS, log_entries_before, log_entries_in, prefix_end, read_ids, read_records
 from sidecar.records import StoredEvent, decode_event, dump_json
 from sidecar.runs import Deps, Run, save_run
 from sidecar.store import be32
-from sidecar.summaries import (Compaction, Summary, compaction, in_force, last_summary_where, load_summary,
-                               read_artifact)
+from sidecar.summaries import Compaction, Summary, compaction, in_force, load_summary, read_artifacts
 
 MAX_COUNT = 2**31 - 1
 
@@ -139,18 +138,14 @@ def persist(deps: Deps, txn: lmdb.Transaction, key: bytes, run: Run, iteration: 
             top: Summary | None) -> dict:
     """Persist what ``chosen`` feeds for ``iteration`` (clipping what must be) and return the record."""
     db = deps.db
-    counts = b"".join(txn.get(key + be32(c), db=db["counts"])
-                      for c in range(chosen.start // CHUNK_EVENTS, (chosen.end - 1) // CHUNK_EVENTS + 1)) \
-        if chosen.end > chosen.start else b""
-    counts_base = (chosen.start // CHUNK_EVENTS) * CHUNK_EVENTS
-    skip = [seq for seq in non_units(counts, counts_base) if chosen.start <= seq < chosen.end]
+    skip = log_entries_in(txn, db, key, chosen.start, chosen.end)
     newest = len(top.stack) - chosen.prefix_in if top else 0
     summaries = list(zip(top.stack[newest:], top.stack_refs[newest:])) if top and chosen.prefix_in else []
     record: dict[str, Any] = {
         "plan": chosen.identity(), "start": chosen.start, "end": chosen.end, "counter": chosen.token_counter,
         "budget": chosen.budget, "tokens": chosen.tokens, "skip": skip, "clipped": [],
         "summaries": summaries,
-        "omitted": chosen.start - _log_entries_before(txn, db, key, run, chosen.start)}
+        "omitted": chosen.start - log_entries_before(txn, db, key, run, chosen.start)}
     if chosen.cap >= 0:
         # Clip the mandatory events above the cap; the counts of the clipped texts, not the
         # cap, are what the window adds up.
@@ -174,12 +169,6 @@ def persist(deps: Deps, txn: lmdb.Transaction, key: bytes, run: Run, iteration: 
         run.last_assembled = iteration
         save_run(txn, db, key, run)
     return record
-
-
-def _log_entries_before(txn: lmdb.Transaction, db: dict, key: bytes, run: Run, seq: int) -> int:
-    """How many of the sidecar's own log entries (one per summary) lie below ``seq``."""
-    last = last_summary_where(txn, db, key, run, lambda summary: summary.seq < seq)
-    return last.index + 1 if last else 0
 
 
 def from_record(deps: Deps, txn: lmdb.Transaction, key: bytes, run_id: str, iteration: int, record: dict,
@@ -208,4 +197,4 @@ def from_record(deps: Deps, txn: lmdb.Transaction, key: bytes, run_id: str, iter
         if "compaction" in record else Compaction(False)
     return TranscriptWindow(
         run_id, iteration, record["counter"], record["budget"], record["tokens"], record["omitted"],
-        refs + ids, [read_artifact(txn, db, key, ref) for ref in refs] + records, clips, due, ranges)
+        refs + ids, read_artifacts(txn, db, key, refs) + records, clips, due, ranges)
