@@ -1,11 +1,13 @@
-"""Builds fastcore's Cython extension; everything else is declared in pyproject.toml."""
+"""Builds fastcore's Cython extensions; everything else is declared in pyproject.toml."""
 
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
+MODULES = ("_fastcore", "_matcher", "_search")
+
 setup(
     ext_modules=cythonize(
-        [Extension("fastcore._fastcore", ["fastcore/_fastcore.pyx"], extra_compile_args=["-O3"])],
+        [Extension(f"fastcore.{name}", [f"fastcore/{name}.pyx"], extra_compile_args=["-O3"]) for name in MODULES],
         compiler_directives={"language_level": "3"},
     )
 )

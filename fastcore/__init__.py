@@ -1,16 +1,23 @@
-"""Compiled hot paths of the sidecar (Cython). See ``_reference.py`` for readable twins.
+"""Compiled hot paths of the sidecar (Cython), each module with a readable pure-Python twin:
 
-Importing this package imports the compiled module or fails: there is no silent fallback to
+- ``_fastcore`` (twin ``_reference``): transcript window selection, compaction cut, code points;
+- ``_search`` (twin ``_search_reference``): BM25 and cosine top-k for memory search;
+- ``_matcher`` (twin ``_matcher_reference``): the multi-pattern matcher behind secret redaction.
+
+Importing this package imports the compiled modules or fails: there is no silent fallback to
 Python, because the sidecar's latency figures are only true of the compiled code.
 """
 
 try:
     from fastcore._fastcore import (NOT_A_UNIT, RECORD_SIZE, compaction_cut, count_code_points, select_window,
                                     splits_group)
+    from fastcore._matcher import MultiMatcher
+    from fastcore._search import bm25_top, cosine_top
 except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
     raise ImportError(
-        "fastcore's compiled extension is not built (fastcore/_fastcore*.so is missing). "
+        f"fastcore's compiled extension is not built ({exc}). "
         "Install the package so it compiles: pip install -e . (needs gcc and the Python headers)."
     ) from exc
 
-__all__ = ["NOT_A_UNIT", "RECORD_SIZE", "compaction_cut", "count_code_points", "select_window", "splits_group"]
+__all__ = ["NOT_A_UNIT", "RECORD_SIZE", "MultiMatcher", "bm25_top", "compaction_cut", "cosine_top",
+           "count_code_points", "select_window", "splits_group"]

@@ -11,19 +11,23 @@ from __future__ import annotations
 
 import argparse
 import sys
+from importlib import resources
 from pathlib import Path
 
 from grpc_tools import protoc
 
 ROOT = Path(__file__).resolve().parent.parent
 API_PROTO = "sidecar/pb/contextsidecar/v1/sidecar.proto"
-STORAGE_PROTO = "sidecar/pb/contextsidecar/storage/v1/records.proto"  # messages only: no grpc stub
+STORAGE_PROTOS = ("sidecar/pb/contextsidecar/storage/v1/records.proto",  # messages only: no grpc stub
+                  "sidecar/pb/contextsidecar/storage/v1/memory.proto")
 
 
 def generate(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    common = ["protoc", f"-Isidecar/pb={ROOT / 'proto'}", f"--python_out={out}", f"--pyi_out={out}"]
-    for args in (common + [f"--grpc_python_out={out}", API_PROTO], common + [STORAGE_PROTO]):
+    well_known = resources.files("grpc_tools") / "_proto"  # google/protobuf/*.proto, shipped with protoc
+    common = ["protoc", f"-Isidecar/pb={ROOT / 'proto'}", f"-I{well_known}", f"--python_out={out}",
+              f"--pyi_out={out}"]
+    for args in (common + [f"--grpc_python_out={out}", API_PROTO], common + list(STORAGE_PROTOS)):
         if protoc.main(args) != 0:
             raise SystemExit(f"protoc failed on {args[-1]}")
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from sidecar.settings import ContextSettings
+from sidecar.settings import ContextSettings, MemorySettings
 
 EXECUTION_MODEL_VERSION = 5  # RFC 0061's stateful loop, which contextBudget is gated on
 
 
-def capability_document(context: ContextSettings) -> dict[str, Any]:
+def capability_document(context: ContextSettings, memory: MemorySettings) -> dict[str, Any]:
     execution_model: dict[str, Any] = {"version": EXECUTION_MODEL_VERSION}
     if context.transcript_window:
         execution_model["transcriptWindow"] = context.transcript_window
@@ -24,4 +24,14 @@ def capability_document(context: ContextSettings) -> dict[str, Any]:
                            "keepLastTurns": context.keep_last_turns}
                           if context.summarization else {"supported": False}),
     }
-    return {"multiAgent": {"executionModel": execution_model}}
+    return {
+        "multiAgent": {"executionModel": execution_model},
+        # RFC 0004 memory, RFC 0113 injectionBudget. RFC 0113 ties rank 'relevance' to a semantic
+        # memory.search; this sidecar says which modes it really serves: lexical (BM25) always,
+        # semantic (cosine over host-supplied embeddings) when embeddings are on.
+        "memory": {
+            "supported": True, "maxEntrySizeBytes": memory.max_entry_bytes, "ttlSupported": True,
+            "injectionBudget": {"supported": True, "tokenCounter": memory.token_counter},
+            "search": {"supported": True, "modes": ["lexical", "semantic"] if memory.embeddings else ["lexical"]},
+        },
+    }

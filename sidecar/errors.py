@@ -62,3 +62,9 @@ class SummaryUnavailable(SidecarError):
     """A summary that a window or a replay needs can no longer be read (its artifact is gone)."""
 
     code = "replay_context_summary_unavailable"
+
+
+class Unauthenticated(SidecarError):
+    """No bearer token, or one that names no tenant."""
+
+    code = "unauthenticated"

@@ -5,6 +5,7 @@
   event as it is, without decoding it on the turn's hot path (proto/contextsidecar/storage).
 - Per-event count records are the packed arrays fastcore walks: (tokens, iteration,
   group_first) as three little-endian uint32.
+- A memory entry is a serialized ``MemoryRecord``, likewise the API's ``MemoryEntry``.
 - Event ids of a chunk are NUL-joined (ids never contain NUL), so a window's ids come from one
   read and one split instead of a decode per event.
 - Run and window records are read once per call and stay JSON, readable with ``mdb_dump``.
@@ -20,6 +21,7 @@ import struct
 from dataclasses import dataclass
 
 import fastcore
+from sidecar.pb.contextsidecar.storage.v1.memory_pb2 import MemoryRecord
 from sidecar.pb.contextsidecar.storage.v1.records_pb2 import EventRecord
 
 ID_SEPARATOR = "\0"
@@ -50,6 +52,20 @@ def decode_event(data: bytes) -> StoredEvent:
     record = EventRecord.FromString(data)
     return StoredEvent(record.seq, record.event_id, record.iteration, record.role, record.type,
                        record.content, record.call_id, record.tokens)
+
+
+def encode_memory(entry_id: str, content: str, tags: list[str] | tuple[str, ...], created_ms: int,
+                  expires_ms: int, tokens: int) -> bytes:
+    """A memory entry as stored: ``MemoryRecord``, a ``MemoryEntry`` on the wire."""
+    record = MemoryRecord(id=entry_id, content=content, tags=tags, tokens=tokens)
+    record.created_at.FromMilliseconds(created_ms)
+    if expires_ms:
+        record.expires_at.FromMilliseconds(expires_ms)
+    return record.SerializeToString()
+
+
+def memory_content(data: bytes) -> str:
+    return MemoryRecord.FromString(data).content
 
 
 def pack_count(tokens: int, iteration: int, group_first: int) -> bytes:

@@ -18,7 +18,9 @@ from grpc_reflection.v1alpha import reflection
 from sidecar.capabilities import capability_document
 from sidecar.counting import Counters
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
-from sidecar.servicer import ContextSidecarServicer, add_servicer_to_server
+from sidecar.memory import Memories
+from sidecar.redaction import Redactor
+from sidecar.servicer import ContextSidecarServicer, TenantOf, add_servicer_to_server
 from sidecar.settings import Settings
 from sidecar.store import Store
 from sidecar.transcript import Transcripts
@@ -34,13 +36,20 @@ class Services:
     store: Store
     counters: Counters
     transcripts: Transcripts
+    memories: Memories
+    redactor: Redactor
 
     @classmethod
     def open(cls, settings: Settings) -> Services:
         storage = settings.storage
         counters = Counters(Path(settings.context.encodings_dir) if settings.context.encodings_dir else None)
-        store = Store(storage.path, storage.map_size, storage.max_map_size, storage.sync)
-        return cls(store, counters, Transcripts(store, counters, settings.context))
+        return cls.build(settings, Store(storage.path, storage.map_size, storage.max_map_size, storage.sync), counters)
+
+    @classmethod
+    def build(cls, settings: Settings, store: Store, counters: Counters) -> Services:
+        redactor = Redactor(settings.redaction.detectors)
+        return cls(store, counters, Transcripts(store, counters, settings.context, redactor),
+                   Memories(store, counters, settings.memory, redactor), redactor)
 
     def close(self) -> None:
         self.store.close()
@@ -81,8 +90,9 @@ def build_server(settings: Settings, services: Services,
         options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit),
                  # Two sidecars must not silently share a port.
                  ("grpc.so_reuseport", 0)])
-    servicer = ContextSidecarServicer(services.transcripts, services.counters,
-                                      capability_document(settings.context))
+    servicer = ContextSidecarServicer(services.transcripts, services.memories, services.redactor, services.counters,
+                                      capability_document(settings.context, settings.memory),
+                                      TenantOf(settings.auth.tenants))
     add_servicer_to_server(servicer, server, in_flight.track if in_flight else lambda behavior: behavior)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

@@ -8,6 +8,7 @@ window that saves ~1.5 us per entry over building messages (benchmarks/ measures
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any, Callable
 
@@ -15,13 +16,18 @@ import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool, message, message_factory
 
 from sidecar.counting import Counters
+from sidecar.errors import Unauthenticated
+from sidecar.memory import ListRequest, Memories, MemoryList
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
 from sidecar.records import StoredEvent
+from sidecar.redaction import Redactor
+from sidecar.settings import TenantCredential
 from sidecar.status import answers_errors
 from sidecar.transcript import AppendResult, NewEvent, RunSettings, SummaryRequest, Transcripts, TranscriptWindow
+from sidecar.validation import check_id
 
-# Until tenants are configured (bearer tokens), every call belongs to this one tenant.
+# With no tenants configured, every call belongs to this one tenant.
 DEFAULT_TENANT = "default"
 
 
@@ -54,23 +60,42 @@ def _stored_event(event: StoredEvent) -> pb.StoredEvent:
                           type=event.type, content=event.content, call_id=event.call_id, tokens=event.tokens)
 
 
-def _as_repeated_bytes(message_type: type[message.Message], field_name: str) -> type[message.Message]:
-    """A message type whose one field has the number of ``message_type.field_name`` but is
-    ``repeated bytes``: serialising it frames already-encoded submessages exactly as that field
-    would (same tag, same length prefix), so protobuf itself does the splicing."""
+def _field_alone(message_type: type[message.Message], field_name: str, as_repeated_bytes: bool) -> type[message.Message]:
+    """A message type holding only ``message_type.field_name`` (same number): serialising it
+    gives exactly that field's encoding, so protobuf itself splices pre-encoded messages.
+
+    ``as_repeated_bytes``: the field becomes ``repeated bytes``, which frames already-encoded
+    submessages exactly as the real repeated message field would (same tag, same length
+    prefix). Otherwise the field keeps its own scalar type: its encoding appended to a stored
+    message sets that one field."""
     real = message_type.DESCRIPTOR.fields_by_name[field_name]
-    name = f"{message_type.DESCRIPTOR.name}{real.camelcase_name[0].upper()}{real.camelcase_name[1:]}AsBytes"
+    name = f"{message_type.DESCRIPTOR.name}{real.camelcase_name[0].upper()}{real.camelcase_name[1:]}Alone"
     file = descriptor_pb2.FileDescriptorProto(name=f"contextsidecar/splice/{name}.proto",
                                               package="contextsidecar.splice", syntax="proto3")
+    kind = descriptor_pb2.FieldDescriptorProto
     file.message_type.add(name=name).field.add(
-        name=real.name, number=real.number, type=descriptor_pb2.FieldDescriptorProto.TYPE_BYTES,
-        label=descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED)
+        name=real.name, number=real.number, type=kind.TYPE_BYTES if as_repeated_bytes else real.type,
+        label=kind.LABEL_REPEATED if as_repeated_bytes else kind.LABEL_OPTIONAL)
     pool = descriptor_pool.DescriptorPool()
     pool.Add(file)
     return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"contextsidecar.splice.{name}"))
 
 
-_EntriesAsBytes = _as_repeated_bytes(pb.AssembleContextResponse, "entries")
+_EntriesAsBytes = _field_alone(pb.AssembleContextResponse, "entries", as_repeated_bytes=True)
+_MemoriesAsBytes = _field_alone(pb.ListMemoryResponse, "entries", as_repeated_bytes=True)
+_ScoreAlone = _field_alone(pb.MemoryEntry, "score", as_repeated_bytes=False)
+
+
+def _memory_list(listed: MemoryList) -> bytes:
+    """The serialized ListMemoryResponse, its entries spliced from stored records (each with
+    its score appended in relevance answers)."""
+    records = listed.records
+    if listed.scores is not None:
+        records = [record + _ScoreAlone(score=score).SerializeToString()
+                   for record, score in zip(records, listed.scores)]
+    head = pb.ListMemoryResponse(token_counter=listed.token_counter, tokens_used=listed.tokens_used,
+                                 left_out_for_budget=listed.left_out_for_budget, rank=listed.rank)
+    return head.SerializeToString() + _MemoriesAsBytes(entries=records).SerializeToString()
 
 
 def _assembled(window: TranscriptWindow, appended: list[AppendResult]) -> bytes:
@@ -92,14 +117,35 @@ def _assembled(window: TranscriptWindow, appended: list[AppendResult]) -> bytes:
     return head.SerializeToString() + _EntriesAsBytes(entries=entries).SerializeToString()
 
 
+class TenantOf:
+    """CTI-1: the tenant of a call comes from its bearer token, never from a request field."""
+
+    def __init__(self, tenants: tuple[TenantCredential, ...]) -> None:
+        self._by_token_sha256 = {t.token_sha256: t.tenant_id for t in tenants}
+
+    def __call__(self, context: grpc.ServicerContext) -> str:
+        if not self._by_token_sha256:
+            return DEFAULT_TENANT
+        for name, value in context.invocation_metadata():
+            if name == "authorization":
+                scheme, _, token = value.partition(" ")
+                tenant = self._by_token_sha256.get(hashlib.sha256(token.strip().encode("utf-8")).hexdigest()) \
+                    if scheme.lower() == "bearer" and token.strip() else None
+                if tenant is None:
+                    raise Unauthenticated("the bearer token names no tenant")
+                return tenant
+        raise Unauthenticated("the call carries no 'authorization: Bearer <token>' metadata")
+
+
 class ContextSidecarServicer(pb_grpc.ContextSidecarServicer):
-    def __init__(self, transcripts: Transcripts, counters: Counters, capabilities: dict) -> None:
+    def __init__(self, transcripts: Transcripts, memories: Memories, redactor: Redactor, counters: Counters,
+                 capabilities: dict, tenant_of: Callable[[grpc.ServicerContext], str]) -> None:
         self._transcripts = transcripts
+        self._memories = memories
+        self._redactor = redactor
         self._counters = counters
         self._capabilities_json = json.dumps(capabilities, separators=(",", ":"))
-
-    def _tenant(self, context: grpc.ServicerContext) -> str:
-        return DEFAULT_TENANT
+        self._tenant = tenant_of
 
     @answers_errors
     def OpenRun(self, request: pb.OpenRunRequest, context: grpc.ServicerContext) -> pb.OpenRunResponse:
@@ -180,6 +226,42 @@ class ContextSidecarServicer(pb_grpc.ContextSidecarServicer):
     def DeleteRun(self, request: pb.DeleteRunRequest, context: grpc.ServicerContext) -> pb.DeleteRunResponse:
         self._transcripts.delete_run(self._tenant(context), request.run_id)
         return pb.DeleteRunResponse()
+
+    @answers_errors
+    def PutMemory(self, request: pb.PutMemoryRequest, context: grpc.ServicerContext) -> pb.PutMemoryResponse:
+        put = self._memories.put(self._tenant(context), request.memory_ref, request.content, list(request.tags),
+                                 request.ttl_seconds, request.entry_id, list(request.embedding))
+        return pb.PutMemoryResponse(entry_id=put.entry_id, tokens=put.tokens,
+                                    redacted_secret_ids=put.redacted_secret_ids, replaced=put.replaced)
+
+    @answers_errors
+    def GetMemory(self, request: pb.GetMemoryRequest, context: grpc.ServicerContext) -> bytes:
+        return self._memories.get(self._tenant(context), request.memory_ref, request.entry_id)
+
+    @answers_errors
+    def DeleteMemory(self, request: pb.DeleteMemoryRequest, context: grpc.ServicerContext) -> pb.DeleteMemoryResponse:
+        self._memories.delete(self._tenant(context), request.memory_ref, request.entry_id)
+        return pb.DeleteMemoryResponse()
+
+    @answers_errors
+    def ListMemory(self, request: pb.ListMemoryRequest, context: grpc.ServicerContext) -> bytes:
+        return _memory_list(self._memories.list(self._tenant(context), ListRequest(
+            request.memory_ref, request.limit, request.tag, _optional(request, "token_budget"), request.rank,
+            request.query, list(request.query_embedding))))
+
+    @answers_errors
+    def RegisterSecrets(self, request: pb.RegisterSecretsRequest,
+                        context: grpc.ServicerContext) -> pb.RegisterSecretsResponse:
+        tenant = self._tenant(context)
+        check_id("run_id", request.run_id, required=False)
+        self._redactor.register(tenant, request.run_id, [(s.secret_id, s.value) for s in request.secrets])
+        return pb.RegisterSecretsResponse(registered=len(request.secrets))
+
+    @answers_errors
+    def ForgetSecrets(self, request: pb.ForgetSecretsRequest, context: grpc.ServicerContext) -> pb.ForgetSecretsResponse:
+        tenant = self._tenant(context)
+        check_id("run_id", request.run_id, required=False)
+        return pb.ForgetSecretsResponse(forgotten=self._redactor.forget(tenant, request.run_id, list(request.secret_ids)))
 
     @answers_errors
     def GetCapabilities(self, request: pb.GetCapabilitiesRequest,

@@ -96,14 +96,52 @@ class ContextSettings:
 
 
 @dataclass(frozen=True)
+class MemorySettings:
+    token_counter: str = _option(
+        "o200k_base", "the unit of memory token budgets (memory.injectionBudget.tokenCounter)",
+        flag="--memory-token-counter", choices=tuple(c for c in TOKEN_COUNTERS if c != "host-defined"))
+    max_entry_bytes: int = _option(
+        64 * 1024, "largest memory entry content accepted, in UTF-8 bytes (maxEntrySizeBytes)",
+        minimum=1, size=True)
+    embeddings: bool = _option(
+        True, "accept embeddings with memory entries and rank by cosine similarity (search mode 'semantic')")
+
+
+@dataclass(frozen=True)
+class RedactionSettings:
+    detectors: bool = _option(
+        True, "redact credential shapes that need no registration (API keys, tokens, JWTs, private keys)")
+
+
+@dataclass(frozen=True)
+class TenantCredential:
+    tenant_id: str
+    token_sha256: str  # hex SHA-256 of the tenant's bearer token; the token itself is never configured
+
+
+@dataclass(frozen=True)
+class AuthSettings:
+    """``[[auth.tenants]]`` tables (``id``, ``token_sha256``), in the TOML file only. None: the
+    sidecar serves the single tenant ``default``, on loopback or a Unix socket only."""
+
+    tenants: tuple[TenantCredential, ...] = ()
+
+
+@dataclass(frozen=True)
 class Settings:
     server: ServerSettings = field(default_factory=ServerSettings)
     storage: StorageSettings = field(default_factory=StorageSettings)
     context: ContextSettings = field(default_factory=ContextSettings)
+    memory: MemorySettings = field(default_factory=MemorySettings)
+    redaction: RedactionSettings = field(default_factory=RedactionSettings)
+    auth: AuthSettings = field(default_factory=AuthSettings)
 
 
 SECTIONS: dict[str, type] = {
-    "server": ServerSettings, "storage": StorageSettings, "context": ContextSettings}
+    "server": ServerSettings, "storage": StorageSettings, "context": ContextSettings,
+    "memory": MemorySettings, "redaction": RedactionSettings}
+_TENANT_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 
 _SIZE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB|TiB)?\s*$")
 _SIZE_UNITS = {None: 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
@@ -180,6 +218,7 @@ def load_settings(config_path: str | None = None, env: Mapping[str, str] | None 
     known = {section: {f.name: f for f in dataclasses.fields(cls)} for section, cls in SECTIONS.items()}
 
     config_path = config_path or env.get(CONFIG_ENV) or None
+    tenants: tuple[TenantCredential, ...] = ()
     if config_path:
         try:
             with open(config_path, "rb") as handle:
@@ -188,6 +227,7 @@ def load_settings(config_path: str | None = None, env: Mapping[str, str] | None 
             raise ConfigError(f"config file {config_path}: {exc.strerror}") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {config_path}: not valid TOML: {exc}") from None
+        tenants = _tenants(document.pop("auth", {}), config_path)
         for section, table in document.items():
             if section not in known:
                 raise ConfigError(f"config file {config_path}: unknown section [{section}]")
@@ -211,12 +251,32 @@ def load_settings(config_path: str | None = None, env: Mapping[str, str] | None 
         if value is not None:
             values[section][key] = _coerce(section, known[section][key], value, "command line")
 
-    settings = Settings(**{section: SECTIONS[section](**values[section]) for section in SECTIONS})
+    settings = Settings(**{section: SECTIONS[section](**values[section]) for section in SECTIONS},
+                        auth=AuthSettings(tenants))
     _check_relations(settings)
     return settings
 
 
-def _check_listen(server: ServerSettings) -> None:
+def _tenants(auth: Any, source: str) -> tuple[TenantCredential, ...]:
+    if not isinstance(auth, dict) or set(auth) - {"tenants"}:
+        raise ConfigError(f"config file {source}: [auth] holds only [[auth.tenants]] tables")
+    tenants = []
+    for i, table in enumerate(auth.get("tenants", [])):
+        where = f"config file {source}: [[auth.tenants]] #{i + 1}"
+        if not isinstance(table, dict) or set(table) != {"id", "token_sha256"}:
+            raise ConfigError(f"{where}: needs exactly the keys id and token_sha256")
+        if not isinstance(table["id"], str) or not _TENANT_ID.match(table["id"]):
+            raise ConfigError(f"{where}: id must be 1-64 of A-Z a-z 0-9 _ . -")
+        if not isinstance(table["token_sha256"], str) or not _SHA256_HEX.match(table["token_sha256"]):
+            raise ConfigError(f"{where}: token_sha256 must be 64 lowercase hex digits (sha256 of the token)")
+        tenants.append(TenantCredential(table["id"], table["token_sha256"]))
+    for name, values in (("id", [t.tenant_id for t in tenants]), ("token_sha256", [t.token_sha256 for t in tenants])):
+        if len(set(values)) != len(values):
+            raise ConfigError(f"config file {source}: two [[auth.tenants]] share a {name}")
+    return tuple(tenants)
+
+
+def _check_listen(server: ServerSettings, tenants_configured: bool) -> None:
     listen = server.listen
     if listen.startswith("unix:"):
         if not listen[len("unix:"):].lstrip("/"):
@@ -234,10 +294,14 @@ def _check_listen(server: ServerSettings) -> None:
         raise ConfigError(
             f"[server] listen: {listen!r} is not a loopback address; the sidecar has no TLS, so it "
             "listens beyond this machine only with [server] allow_non_loopback = true")
+    if not loopback and not tenants_configured:
+        raise ConfigError(
+            f"[server] listen: {listen!r} is not a loopback address, and with no [[auth.tenants]] every "
+            "caller would be the one tenant 'default'; configure tenants to listen beyond this machine")
 
 
 def _check_relations(settings: Settings) -> None:
-    _check_listen(settings.server)
+    _check_listen(settings.server, bool(settings.auth.tenants))
     storage = settings.storage
     if storage.max_map_size and storage.max_map_size < storage.map_size:
         raise ConfigError(

@@ -27,6 +27,7 @@ STATUS_BY_CODE: dict[str, grpc.StatusCode] = {
     "token_budget_exceeded": grpc.StatusCode.FAILED_PRECONDITION,
     "store_full": grpc.StatusCode.RESOURCE_EXHAUSTED,
     "replay_context_summary_unavailable": grpc.StatusCode.FAILED_PRECONDITION,
+    "unauthenticated": grpc.StatusCode.UNAUTHENTICATED,
     "internal": grpc.StatusCode.INTERNAL,
 }
 

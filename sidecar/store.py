@@ -25,7 +25,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 DATABASES = (b"runs", b"events", b"event_ids", b"call_ids", b"iterations", b"counts", b"id_chunks", b"windows",
-             b"log_entries", b"summaries", b"artifacts", b"replay")
+             b"log_entries", b"summaries", b"artifacts", b"replay",
+             b"mem_entries", b"mem_docs", b"mem_df", b"mem_postings", b"mem_vectors", b"mem_meta")
 _GROW_AT = 0.8  # grow once this fraction of the map is in use
 
 

@@ -8,6 +8,7 @@ land together or not at all. The work lives in one module per concern: ``runs``,
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 import lmdb
@@ -18,6 +19,7 @@ from sidecar.errors import NotFound, ValidationError
 from sidecar.eventlog import (AppendResult, LogWriter, NewEvent, append_host_events, count_events, prepare_events,
                               read_records)
 from sidecar.records import StoredEvent, decode_event, load_json
+from sidecar.redaction import Redactor
 from sidecar.runs import (Deps, Run, RunSettings, check_given_settings, confirm_settings, default_settings, load_run,
                           require_run, run_key, save_run)
 from sidecar.settings import ContextSettings
@@ -34,10 +36,16 @@ __all__ = ["AppendResult", "NewEvent", "RunSettings", "Summary", "SummaryRequest
 
 
 class Transcripts:
-    def __init__(self, store: Store, counters: Counters, defaults: ContextSettings) -> None:
+    def __init__(self, store: Store, counters: Counters, defaults: ContextSettings,
+                 redactor: Redactor | None = None) -> None:
         self._store = store
         self._deps = Deps(store.db, counters, defaults)
         self._db = store.db
+        self._redactor = redactor or Redactor()
+
+    def _redacted(self, tenant: str, run_id: str, events: list[NewEvent]) -> list[NewEvent]:
+        """SR-1: every event's content is redacted before it is counted or stored."""
+        return [replace(event, content=self._redactor.redact(tenant, run_id, event.content).text) for event in events]
 
     # -- runs ---------------------------------------------------------------------------------
 
@@ -84,7 +92,7 @@ class Transcripts:
         key = run_key(tenant, run_id)
         if not events:
             raise ValidationError.field("events", "at least one event is required")
-        prepared = prepare_events(events, "events", self._deps.defaults)
+        prepared = self._redacted(tenant, run_id, prepare_events(events, "events", self._deps.defaults))
         append = self._appender(key, prepared, "events")
 
         def write(txn: lmdb.Transaction) -> list[AppendResult]:
@@ -137,7 +145,8 @@ class Transcripts:
         check_at_least("iteration", iteration, 1)
         if max_transcript_tokens is not None:
             check_at_least("max_transcript_tokens", max_transcript_tokens, 1)
-        events = prepare_events(new_events, "append_events", self._deps.defaults, turn=iteration)
+        events = self._redacted(tenant, run_id,
+                                prepare_events(new_events, "append_events", self._deps.defaults, turn=iteration))
 
         if not events:
             # Re-assembling an iteration whose window is persisted and unchanged writes nothing.
@@ -201,6 +210,7 @@ class Transcripts:
         """Record the host's summary of the oldest unsummarised turns; see ``summaries``.
         Returns (summary, its context.summarized entry, whether this call recorded it)."""
         key = run_key(tenant, run_id)
+        request = replace(request, text=self._redactor.redact(tenant, run_id, request.text).text)
 
         def write(txn: lmdb.Transaction) -> tuple[Summary, StoredEvent, bool]:
             writer = LogWriter(txn, self._db, key, require_run(txn, self._db, key, run_id))

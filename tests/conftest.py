@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from pathlib import Path
 from typing import Iterator
 
@@ -13,7 +14,8 @@ from sidecar.counting import Counters
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
 from sidecar import server as server_module
 from sidecar.server import Services, build_server
-from sidecar.settings import ContextSettings, ServerSettings, Settings, StorageSettings
+from sidecar.settings import (AuthSettings, ContextSettings, MemorySettings, ServerSettings, Settings, StorageSettings,
+                              TenantCredential)
 from sidecar.store import Store
 from sidecar.transcript import Transcripts
 
@@ -40,10 +42,15 @@ def make_transcripts(store: Store, counters: Counters):
     return make
 
 
-def settings_for(tmp_path: Path, storage: dict | None = None, **context: object) -> Settings:
+def settings_for(tmp_path: Path, storage: dict | None = None, memory: dict | None = None,
+                 tenants: dict[str, str] | None = None, **context: object) -> Settings:
+    """``tenants``: tenant id -> bearer token (the settings keep only its SHA-256)."""
+    credentials = tuple(TenantCredential(tenant, hashlib.sha256(token.encode()).hexdigest())
+                        for tenant, token in (tenants or {}).items())
     return Settings(server=ServerSettings(listen="127.0.0.1:0"),
                     storage=StorageSettings(path=str(tmp_path / "lmdb"), **{"map_size": 16 << 20, **(storage or {})}),
-                    context=ContextSettings(**context))
+                    context=ContextSettings(**context), memory=MemorySettings(**(memory or {})),
+                    auth=AuthSettings(credentials))
 
 
 @dataclasses.dataclass
@@ -59,10 +66,11 @@ def start_server(tmp_path: Path, counters: Counters):
     """Start a real gRPC server on 127.0.0.1:<free port> with the given [context] settings."""
     started: list[tuple[grpc.Server, RunningServer]] = []
 
-    def start_with(storage: dict | None = None, **context: object) -> RunningServer:
-        settings = settings_for(tmp_path / f"server{len(started)}", storage, **context)
+    def start_with(storage: dict | None = None, memory: dict | None = None, tenants: dict[str, str] | None = None,
+                   **context: object) -> RunningServer:
+        settings = settings_for(tmp_path / f"server{len(started)}", storage, memory, tenants, **context)
         store = Store(settings.storage.path, settings.storage.map_size, settings.storage.max_map_size)
-        services = Services(store, counters, Transcripts(store, counters, settings.context))
+        services = Services.build(settings, store, counters)
         server, port, health_servicer = build_server(settings, services)
         server_module.start(server, health_servicer)
         address = f"127.0.0.1:{port}"

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from google.protobuf import unknown_fields
 
+from sidecar.pb.contextsidecar.storage.v1.memory_pb2 import MemoryRecord
 from sidecar.pb.contextsidecar.storage.v1.records_pb2 import EventRecord
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 
@@ -56,6 +57,19 @@ def test_imports_run_one_way() -> None:
         if line.startswith(("import ", "from ", "cimport ")):
             fastcore_imports.add(line.split()[1])
     assert not any(name.split(".")[0] in ("lmdb", "google", "grpc", "sidecar") for name in fastcore_imports), fastcore_imports
+
+
+def test_memory_records_are_memory_entries_on_the_wire() -> None:
+    entry_fields = {f.number: (f.name, f.type, f.message_type and f.message_type.full_name)
+                    for f in pb.MemoryEntry.DESCRIPTOR.fields}
+    for field in MemoryRecord.DESCRIPTOR.fields:
+        assert entry_fields[field.number] == (field.name, field.type, field.message_type and field.message_type.full_name)
+    record = MemoryRecord(id="m1", content="héllo", tags=["a", "b"], tokens=2)
+    record.created_at.FromMilliseconds(1_700_000_000_123)
+    entry = pb.MemoryEntry.FromString(record.SerializeToString())
+    assert (entry.id, entry.content, list(entry.tags), entry.tokens, entry.created_at.ToMilliseconds()) == (
+        "m1", "héllo", ["a", "b"], 2, 1_700_000_000_123)
+    assert len(unknown_fields.UnknownFieldSet(entry)) == 0
 
 
 def test_event_records_are_window_entries_on_the_wire() -> None:

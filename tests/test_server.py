@@ -222,7 +222,7 @@ def test_conflicts_are_already_exists(sidecar) -> None:
 
 def test_error_messages_carry_no_stored_content(sidecar) -> None:
     stub = sidecar.stub
-    secret = "sk-live-THIS-IS-STORED-CONTENT"
+    secret = "stored-content-that-must-stay-inside"
     stub.AppendEvents(pb.AppendEventsRequest(run_id="r", events=[ev("a", 1, secret)]))
     for method, request_ in [
         (stub.AppendEvents, pb.AppendEventsRequest(run_id="r", events=[ev("a", 1, "changed")])),
@@ -233,16 +233,17 @@ def test_error_messages_carry_no_stored_content(sidecar) -> None:
             method(request_)
         assert secret not in raised.value.details()
         assert secret.encode() not in rpc_status.from_call(raised.value).SerializeToString()
+    assert stub.ListRunEvents(pb.ListRunEventsRequest(run_id="r")).events[0].content == secret
 
 
 def test_an_unexpected_failure_is_internal_and_says_nothing(sidecar, monkeypatch, caplog) -> None:
     def explode(*args, **kwargs):
-        raise RuntimeError("stored content: sk-live-123")
+        raise RuntimeError("stored content: private-words-123")
 
     monkeypatch.setattr(sidecar.services.transcripts, "list_events", explode)
     with pytest.raises(grpc.RpcError) as raised:
         sidecar.stub.ListRunEvents(pb.ListRunEventsRequest(run_id="r"))
     code, reason, _ = rich_error(raised.value)
     assert (code, reason) == (grpc.StatusCode.INTERNAL, "internal")
-    assert "sk-live" not in raised.value.details()
-    assert "sk-live-123" in caplog.text, "the operator's log keeps the traceback"
+    assert "private-words" not in raised.value.details()
+    assert "private-words-123" in caplog.text, "the operator's log keeps the traceback"

@@ -81,12 +81,34 @@ def test_unknown_environment_variable_is_an_error() -> None:
         load_settings(env={"CONTEXT_SIDECAR_CONTEXT_BUDGET": "1"})
 
 
-def test_non_loopback_needs_an_explicit_allowance() -> None:
+TENANTS = """
+[[auth.tenants]]
+id = "acme"
+token_sha256 = "%s"
+""" % ("a" * 64)
+
+
+def test_non_loopback_needs_an_explicit_allowance_and_tenants(tmp_path: Path) -> None:
     env = {"CONTEXT_SIDECAR_SERVER_LISTEN": "0.0.0.0:50051"}
     with pytest.raises(ConfigError, match="allow_non_loopback"):
         load_settings(env=env)
-    settings = load_settings(env={**env, "CONTEXT_SIDECAR_SERVER_ALLOW_NON_LOOPBACK": "true"})
+    env["CONTEXT_SIDECAR_SERVER_ALLOW_NON_LOOPBACK"] = "true"
+    with pytest.raises(ConfigError, match="auth.tenants"):
+        load_settings(env=env)
+    settings = load_settings(write(tmp_path, TENANTS), env=env)
     assert settings.server.listen == "0.0.0.0:50051"
+    assert [(t.tenant_id, t.token_sha256) for t in settings.auth.tenants] == [("acme", "a" * 64)]
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("[[auth.tenants]]\nid = \"acme\"\n", "needs exactly the keys"),
+    ("[[auth.tenants]]\nid = \"a b\"\ntoken_sha256 = \"%s\"\n" % ("a" * 64), "id must be"),
+    ("[[auth.tenants]]\nid = \"acme\"\ntoken_sha256 = \"secret\"\n", "token_sha256 must be"),
+    (TENANTS + TENANTS.replace("acme", "other"), "share a token_sha256"),
+])
+def test_bad_tenants_are_named(tmp_path: Path, text: str, expected: str) -> None:
+    with pytest.raises(ConfigError, match=expected):
+        load_settings(write(tmp_path, text), env={})
 
 
 @pytest.mark.parametrize("listen", ["127.0.0.1:0", "localhost:50051", "[::1]:50051", "unix:///tmp/s.sock"])

@@ -1,3 +1,6 @@
+import datetime
+
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -369,3 +372,137 @@ class DeleteRunRequest(_message.Message):
 class DeleteRunResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class MemoryEntry(_message.Message):
+    __slots__ = ("id", "content", "tags", "created_at", "expires_at", "tokens", "score")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    content: str
+    tags: _containers.RepeatedScalarFieldContainer[str]
+    created_at: _timestamp_pb2.Timestamp
+    expires_at: _timestamp_pb2.Timestamp
+    tokens: int
+    score: float
+    def __init__(self, id: _Optional[str] = ..., content: _Optional[str] = ..., tags: _Optional[_Iterable[str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., tokens: _Optional[int] = ..., score: _Optional[float] = ...) -> None: ...
+
+class PutMemoryRequest(_message.Message):
+    __slots__ = ("memory_ref", "content", "tags", "ttl_seconds", "entry_id", "embedding")
+    MEMORY_REF_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDING_FIELD_NUMBER: _ClassVar[int]
+    memory_ref: str
+    content: str
+    tags: _containers.RepeatedScalarFieldContainer[str]
+    ttl_seconds: int
+    entry_id: str
+    embedding: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, memory_ref: _Optional[str] = ..., content: _Optional[str] = ..., tags: _Optional[_Iterable[str]] = ..., ttl_seconds: _Optional[int] = ..., entry_id: _Optional[str] = ..., embedding: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class PutMemoryResponse(_message.Message):
+    __slots__ = ("entry_id", "tokens", "redacted_secret_ids", "replaced")
+    ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REDACTED_SECRET_IDS_FIELD_NUMBER: _ClassVar[int]
+    REPLACED_FIELD_NUMBER: _ClassVar[int]
+    entry_id: str
+    tokens: int
+    redacted_secret_ids: _containers.RepeatedScalarFieldContainer[str]
+    replaced: bool
+    def __init__(self, entry_id: _Optional[str] = ..., tokens: _Optional[int] = ..., redacted_secret_ids: _Optional[_Iterable[str]] = ..., replaced: _Optional[bool] = ...) -> None: ...
+
+class GetMemoryRequest(_message.Message):
+    __slots__ = ("memory_ref", "entry_id")
+    MEMORY_REF_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
+    memory_ref: str
+    entry_id: str
+    def __init__(self, memory_ref: _Optional[str] = ..., entry_id: _Optional[str] = ...) -> None: ...
+
+class DeleteMemoryRequest(_message.Message):
+    __slots__ = ("memory_ref", "entry_id")
+    MEMORY_REF_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
+    memory_ref: str
+    entry_id: str
+    def __init__(self, memory_ref: _Optional[str] = ..., entry_id: _Optional[str] = ...) -> None: ...
+
+class DeleteMemoryResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListMemoryRequest(_message.Message):
+    __slots__ = ("memory_ref", "limit", "tag", "token_budget", "rank", "query", "query_embedding")
+    MEMORY_REF_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    TAG_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    QUERY_EMBEDDING_FIELD_NUMBER: _ClassVar[int]
+    memory_ref: str
+    limit: int
+    tag: str
+    token_budget: int
+    rank: str
+    query: str
+    query_embedding: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, memory_ref: _Optional[str] = ..., limit: _Optional[int] = ..., tag: _Optional[str] = ..., token_budget: _Optional[int] = ..., rank: _Optional[str] = ..., query: _Optional[str] = ..., query_embedding: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class ListMemoryResponse(_message.Message):
+    __slots__ = ("entries", "token_counter", "tokens_used", "left_out_for_budget", "rank")
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_COUNTER_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_USED_FIELD_NUMBER: _ClassVar[int]
+    LEFT_OUT_FOR_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[MemoryEntry]
+    token_counter: str
+    tokens_used: int
+    left_out_for_budget: int
+    rank: str
+    def __init__(self, entries: _Optional[_Iterable[_Union[MemoryEntry, _Mapping]]] = ..., token_counter: _Optional[str] = ..., tokens_used: _Optional[int] = ..., left_out_for_budget: _Optional[int] = ..., rank: _Optional[str] = ...) -> None: ...
+
+class Secret(_message.Message):
+    __slots__ = ("secret_id", "value")
+    SECRET_ID_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    secret_id: str
+    value: str
+    def __init__(self, secret_id: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+
+class RegisterSecretsRequest(_message.Message):
+    __slots__ = ("run_id", "secrets")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    SECRETS_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    secrets: _containers.RepeatedCompositeFieldContainer[Secret]
+    def __init__(self, run_id: _Optional[str] = ..., secrets: _Optional[_Iterable[_Union[Secret, _Mapping]]] = ...) -> None: ...
+
+class RegisterSecretsResponse(_message.Message):
+    __slots__ = ("registered",)
+    REGISTERED_FIELD_NUMBER: _ClassVar[int]
+    registered: int
+    def __init__(self, registered: _Optional[int] = ...) -> None: ...
+
+class ForgetSecretsRequest(_message.Message):
+    __slots__ = ("run_id", "secret_ids")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    SECRET_IDS_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    secret_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, run_id: _Optional[str] = ..., secret_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ForgetSecretsResponse(_message.Message):
+    __slots__ = ("forgotten",)
+    FORGOTTEN_FIELD_NUMBER: _ClassVar[int]
+    forgotten: int
+    def __init__(self, forgotten: _Optional[int] = ...) -> None: ...

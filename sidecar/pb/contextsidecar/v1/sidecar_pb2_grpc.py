@@ -94,6 +94,36 @@ class ContextSidecarStub:
                 request_serializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.DeleteRunRequest.SerializeToString,
                 response_deserializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.DeleteRunResponse.FromString,
                 _registered_method=True)
+        self.PutMemory = channel.unary_unary(
+                '/contextsidecar.v1.ContextSidecar/PutMemory',
+                request_serializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.PutMemoryRequest.SerializeToString,
+                response_deserializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.PutMemoryResponse.FromString,
+                _registered_method=True)
+        self.GetMemory = channel.unary_unary(
+                '/contextsidecar.v1.ContextSidecar/GetMemory',
+                request_serializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.GetMemoryRequest.SerializeToString,
+                response_deserializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.MemoryEntry.FromString,
+                _registered_method=True)
+        self.DeleteMemory = channel.unary_unary(
+                '/contextsidecar.v1.ContextSidecar/DeleteMemory',
+                request_serializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.DeleteMemoryRequest.SerializeToString,
+                response_deserializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.DeleteMemoryResponse.FromString,
+                _registered_method=True)
+        self.ListMemory = channel.unary_unary(
+                '/contextsidecar.v1.ContextSidecar/ListMemory',
+                request_serializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.ListMemoryRequest.SerializeToString,
+                response_deserializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.ListMemoryResponse.FromString,
+                _registered_method=True)
+        self.RegisterSecrets = channel.unary_unary(
+                '/contextsidecar.v1.ContextSidecar/RegisterSecrets',
+                request_serializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.RegisterSecretsRequest.SerializeToString,
+                response_deserializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.RegisterSecretsResponse.FromString,
+                _registered_method=True)
+        self.ForgetSecrets = channel.unary_unary(
+                '/contextsidecar.v1.ContextSidecar/ForgetSecrets',
+                request_serializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.ForgetSecretsRequest.SerializeToString,
+                response_deserializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.ForgetSecretsResponse.FromString,
+                _registered_method=True)
 
 
 class ContextSidecarServicer:
@@ -193,6 +223,50 @@ class ContextSidecarServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PutMemory(self, request, context):
+        """Store a memory entry (RFC 0004/0068 MemoryAdapter.put). Its content is redacted (SR-1)
+        before it is counted or stored. A put with an existing entry_id replaces that entry.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetMemory(self, request, context):
+        """One entry; NOT_FOUND when absent, expired, or another tenant's.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteMemory(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListMemory(self, request, context):
+        """The per-turn memory read (RFC 0113): a token-bounded prefix of the entries ranked by
+        recency or relevance. An unknown or malformed memory_ref answers an empty list.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RegisterSecrets(self, request, context):
+        """Secrets to redact from everything written afterwards: for one run (its events and
+        summaries) or, with an empty run_id, tenant-wide (also memory). Values stay in the
+        sidecar's memory only: never stored, logged or returned; register them again after a restart.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ForgetSecrets(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ContextSidecarServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -255,6 +329,36 @@ def add_ContextSidecarServicer_to_server(servicer, server):
                     servicer.DeleteRun,
                     request_deserializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.DeleteRunRequest.FromString,
                     response_serializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.DeleteRunResponse.SerializeToString,
+            ),
+            'PutMemory': grpc.unary_unary_rpc_method_handler(
+                    servicer.PutMemory,
+                    request_deserializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.PutMemoryRequest.FromString,
+                    response_serializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.PutMemoryResponse.SerializeToString,
+            ),
+            'GetMemory': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetMemory,
+                    request_deserializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.GetMemoryRequest.FromString,
+                    response_serializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.MemoryEntry.SerializeToString,
+            ),
+            'DeleteMemory': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteMemory,
+                    request_deserializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.DeleteMemoryRequest.FromString,
+                    response_serializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.DeleteMemoryResponse.SerializeToString,
+            ),
+            'ListMemory': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListMemory,
+                    request_deserializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.ListMemoryRequest.FromString,
+                    response_serializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.ListMemoryResponse.SerializeToString,
+            ),
+            'RegisterSecrets': grpc.unary_unary_rpc_method_handler(
+                    servicer.RegisterSecrets,
+                    request_deserializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.RegisterSecretsRequest.FromString,
+                    response_serializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.RegisterSecretsResponse.SerializeToString,
+            ),
+            'ForgetSecrets': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForgetSecrets,
+                    request_deserializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.ForgetSecretsRequest.FromString,
+                    response_serializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.ForgetSecretsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -581,6 +685,168 @@ class ContextSidecar:
             '/contextsidecar.v1.ContextSidecar/DeleteRun',
             sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.DeleteRunRequest.SerializeToString,
             sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.DeleteRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PutMemory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/contextsidecar.v1.ContextSidecar/PutMemory',
+            sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.PutMemoryRequest.SerializeToString,
+            sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.PutMemoryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetMemory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/contextsidecar.v1.ContextSidecar/GetMemory',
+            sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.GetMemoryRequest.SerializeToString,
+            sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.MemoryEntry.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteMemory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/contextsidecar.v1.ContextSidecar/DeleteMemory',
+            sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.DeleteMemoryRequest.SerializeToString,
+            sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.DeleteMemoryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListMemory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/contextsidecar.v1.ContextSidecar/ListMemory',
+            sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.ListMemoryRequest.SerializeToString,
+            sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.ListMemoryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RegisterSecrets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/contextsidecar.v1.ContextSidecar/RegisterSecrets',
+            sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.RegisterSecretsRequest.SerializeToString,
+            sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.RegisterSecretsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForgetSecrets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/contextsidecar.v1.ContextSidecar/ForgetSecrets',
+            sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.ForgetSecretsRequest.SerializeToString,
+            sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.ForgetSecretsResponse.FromString,
             options,
             channel_credentials,
             insecure,

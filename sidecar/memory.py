@@ -1,0 +1,422 @@
+"""Agent memory (RFC 0004/0068 MemoryAdapter, RFC 0113 injection budget), one tenant at a time.
+
+Each memory ref keeps, under ``scope(tenant, ref)``:
+
+- ``mem_entries``: entry id -> its ordinal and its record (``MemoryRecord``, which is, byte for
+  byte, the API's ``MemoryEntry``, so answers are spliced from stored bytes);
+- ``mem_docs``: ordinal -> what a ranked walk needs (tokens, expiry, tags, id) without reading
+  the content. Ordinals grow with every put, so this index, read backwards, is the recency order;
+- ``mem_df`` and ``mem_postings``: the inverted index for BM25, updated in the same transaction as
+  each put and delete. A term's ``mem_df`` record holds its document frequency, how many full
+  postings chunks it has, and its open chunk; full chunks of ``POSTINGS_PER_CHUNK`` postings
+  (ordinal, tf, dl) move to ``mem_postings``. A put touches one record per term;
+- ``mem_vectors``: ordinal -> embedding, when the host sends one;
+- ``mem_meta``: the next ordinal, the live entries, their total length, the embedding dimension.
+
+Deleted or replaced entries leave their postings behind (a walk skips ordinals no longer in
+``mem_docs``); their document frequencies and lengths are taken out at once, so the BM25
+statistics are exact.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import secrets
+import struct
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+import lmdb
+
+import fastcore
+from sidecar.counting import Counters
+from sidecar.errors import NotFound, ValidationError
+from sidecar.records import dump_json, encode_memory, load_json, memory_content
+from sidecar.redaction import Redactor
+from sidecar.settings import MemorySettings
+from sidecar.store import Store, be32, scope
+from sidecar.validation import check_at_least, check_id
+
+MAX_REF_BYTES = 256
+_REF = re.compile(r"^[A-Za-z0-9_.:/@-]+$")
+_TERM = re.compile(r"\w+")
+MAX_TERM_BYTES = 64
+MAX_TAGS = 32
+MAX_TAG_BYTES = 64
+MAX_EMBEDDING_DIM = 4096
+POSTINGS_PER_CHUNK = 128  # 1 KiB: a term's record with its open chunk stays inline in a leaf page
+BM25_K1, BM25_B = 1.2, 0.75
+RRF_K = 60  # reciprocal rank fusion's usual constant
+RANKS = ("recency", "relevance")
+_DOC = struct.Struct("<IqqH")  # tokens, created ms, expires ms (0: never), id length; then id, tags
+_POSTING = struct.Struct("<IHH")  # ordinal, tf, dl
+_TERM_HEAD = struct.Struct("<II")  # df, full chunks; the open chunk follows
+_U16_MAX = 0xFFFF
+
+
+def check_ref(memory_ref: str, field: str = "memory_ref") -> bytes:
+    encoded = memory_ref.encode("utf-8")
+    if not memory_ref:
+        raise ValidationError.field(field, "is required")
+    if len(encoded) > MAX_REF_BYTES:
+        raise ValidationError.field(field, f"is {len(encoded)} bytes; at most {MAX_REF_BYTES} are allowed")
+    if not _REF.match(memory_ref):
+        raise ValidationError.field(field, "may hold only A-Z a-z 0-9 _ . : / @ -")
+    if ".." in re.split(r"[/:]", memory_ref):
+        raise ValidationError.field(field, "may not have a '..' segment")
+    return encoded
+
+
+def terms(text: str) -> list[bytes]:
+    """BM25 terms: lower-cased Unicode word runs (no stemming), as UTF-8."""
+    return [t for t in (m.encode("utf-8") for m in _TERM.findall(text.lower())) if len(t) <= MAX_TERM_BYTES]
+
+
+@dataclass(frozen=True, slots=True)
+class PutResult:
+    entry_id: str
+    tokens: int
+    redacted_secret_ids: tuple[str, ...]
+    replaced: bool
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryList:
+    token_counter: str
+    rank: str
+    records: list[bytes]  # the entries as stored (MemoryEntry on the wire), in ranked order
+    scores: list[float] | None  # per entry, in relevance answers
+    tokens_used: int
+    left_out_for_budget: int
+
+
+@dataclass(slots=True)
+class _Meta:
+    next_ordinal: int = 0
+    live: int = 0
+    total_length: int = 0
+    dim: int = 0
+
+    @classmethod
+    def load(cls, data: bytes | None) -> _Meta:
+        return cls(**load_json(data)) if data else cls()
+
+    def record(self) -> bytes:
+        return dump_json({name: getattr(self, name) for name in self.__slots__})
+
+
+@dataclass(frozen=True, slots=True)
+class _Doc:
+    ordinal: int
+    entry_id: str
+    tokens: int
+    expires_ms: int
+    tags: tuple[str, ...]
+
+    @staticmethod
+    def pack(entry_id: str, tokens: int, created_ms: int, expires_ms: int, tags: Sequence[str]) -> bytes:
+        encoded = entry_id.encode("utf-8")
+        return _DOC.pack(tokens, created_ms, expires_ms, len(encoded)) + encoded + "\0".join(tags).encode("utf-8")
+
+    @classmethod
+    def unpack(cls, ordinal: int, data: bytes) -> _Doc:
+        tokens, _, expires_ms, id_len = _DOC.unpack_from(data)
+        at = _DOC.size + id_len
+        tags = data[at:].decode("utf-8")
+        return cls(ordinal, data[_DOC.size:at].decode("utf-8"), tokens, expires_ms, tuple(tags.split("\0")) if tags else ())
+
+    def live(self, now_ms: int) -> bool:
+        return not self.expires_ms or self.expires_ms > now_ms
+
+
+@dataclass
+class ListRequest:
+    memory_ref: str
+    limit: int = 0
+    tag: str = ""
+    token_budget: int | None = None
+    rank: str = ""
+    query: str = ""
+    query_embedding: Sequence[float] = field(default_factory=list)
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class Memories:
+    def __init__(self, store: Store, counters: Counters, settings: MemorySettings, redactor: Redactor) -> None:
+        self._store = store
+        self._db = store.db
+        self._counter = counters.get(settings.token_counter)
+        self._settings = settings
+        self._redactor = redactor
+
+    @property
+    def token_counter(self) -> str:
+        return self._counter.name
+
+    # -- writes -------------------------------------------------------------------------------
+
+    def put(self, tenant: str, memory_ref: str, content: str, tags: Sequence[str] = (), ttl_seconds: int = 0,
+            entry_id: str = "", embedding: Sequence[float] = ()) -> PutResult:
+        key = scope(tenant, check_ref(memory_ref))
+        size = len(content.encode("utf-8"))
+        if size > self._settings.max_entry_bytes:
+            raise ValidationError.field("content", f"is {size} bytes; at most {self._settings.max_entry_bytes} "
+                                        "are allowed ([memory] max_entry_bytes)")
+        if len(tags) > MAX_TAGS:
+            raise ValidationError.field("tags", f"at most {MAX_TAGS} tags are allowed")
+        for i, tag in enumerate(tags):
+            check_id(f"tags[{i}]", tag, max_bytes=MAX_TAG_BYTES)
+        check_at_least("ttl_seconds", ttl_seconds, 0)
+        entry_id = entry_id or f"mem_{secrets.token_hex(8)}"
+        check_id("entry_id", entry_id)
+        vector = self._check_embedding("embedding", embedding)
+        # SR-1: redact before anything is counted or stored.
+        redacted = self._redactor.redact(tenant, "", content)
+        tokens = self._counter.count(redacted.text)
+        now = _now_ms()
+        expires = now + ttl_seconds * 1000 if ttl_seconds else 0
+        record_bytes = encode_memory(entry_id, redacted.text, tags, now, expires, tokens)
+        entry_terms = Counter(terms(redacted.text))
+        length = min(sum(entry_terms.values()), _U16_MAX)
+
+        def write(txn: lmdb.Transaction) -> bool:
+            meta = _Meta.load(txn.get(key, db=self._db["mem_meta"]))
+            if vector is not None:
+                if meta.dim and meta.dim != len(embedding):
+                    raise ValidationError.field("embedding", f"has {len(embedding)} dimensions; this memory_ref's "
+                                                f"entries have {meta.dim}")
+                meta.dim = len(embedding)
+            replaced = self._remove(txn, key, meta, entry_id)
+            ordinal = meta.next_ordinal
+            meta.next_ordinal += 1
+            meta.live += 1
+            meta.total_length += length
+            txn.put(key + entry_id.encode("utf-8"), be32(ordinal) + record_bytes, db=self._db["mem_entries"])
+            txn.put(key + be32(ordinal), _Doc.pack(entry_id, tokens, now, expires, tags), db=self._db["mem_docs"])
+            if vector is not None:
+                txn.put(key + be32(ordinal), vector, db=self._db["mem_vectors"])
+            for term, tf in entry_terms.items():
+                self._post(txn, key, term, _POSTING.pack(ordinal, min(tf, _U16_MAX), length))
+            txn.put(key, meta.record(), db=self._db["mem_meta"])
+            return replaced
+
+        replaced = self._store.write(write)
+        return PutResult(entry_id, tokens, redacted.secret_ids, replaced)
+
+    def _check_embedding(self, field: str, embedding: Sequence[float]) -> bytes | None:
+        if not embedding:
+            return None
+        if not self._settings.embeddings:
+            raise ValidationError.field(field, "embeddings are off ([memory] embeddings)")
+        if len(embedding) > MAX_EMBEDDING_DIM:
+            raise ValidationError.field(field, f"has {len(embedding)} dimensions; at most {MAX_EMBEDDING_DIM}")
+        if not all(math.isfinite(x) for x in embedding):
+            raise ValidationError.field(field, "must hold finite numbers")
+        return struct.pack(f"<{len(embedding)}f", *embedding)
+
+    def _post(self, txn: lmdb.Transaction, key: bytes, term: bytes, posting: bytes) -> None:
+        """Add one posting to the term's open chunk (sealing it when full) and count the entry in its df."""
+        term_key = key + term + b"\0"
+        stored = txn.get(term_key, db=self._db["mem_df"])
+        df, full = _TERM_HEAD.unpack_from(stored) if stored else (0, 0)
+        open_chunk = (stored[_TERM_HEAD.size:] if stored else b"") + posting
+        if len(open_chunk) == POSTINGS_PER_CHUNK * _POSTING.size:
+            txn.put(term_key + be32(full), open_chunk, db=self._db["mem_postings"])
+            full, open_chunk = full + 1, b""
+        txn.put(term_key, _TERM_HEAD.pack(df + 1, full) + open_chunk, db=self._db["mem_df"])
+
+    def _remove(self, txn: lmdb.Transaction, key: bytes, meta: _Meta, entry_id: str) -> bool:
+        """Take an existing entry out (its doc, vector, df counts and length); False if none."""
+        stored = txn.get(key + entry_id.encode("utf-8"), db=self._db["mem_entries"])
+        if stored is None:
+            return False
+        ordinal = int.from_bytes(stored[:4], "big")
+        old_terms = Counter(terms(memory_content(stored[4:])))
+        for term in old_terms:
+            term_key = key + term + b"\0"
+            stored = txn.get(term_key, db=self._db["mem_df"])
+            df, full = _TERM_HEAD.unpack_from(stored)
+            txn.put(term_key, _TERM_HEAD.pack(df - 1, full) + stored[_TERM_HEAD.size:], db=self._db["mem_df"])
+        meta.live -= 1
+        meta.total_length -= min(sum(old_terms.values()), _U16_MAX)
+        txn.delete(key + entry_id.encode("utf-8"), db=self._db["mem_entries"])
+        txn.delete(key + be32(ordinal), db=self._db["mem_docs"])
+        txn.delete(key + be32(ordinal), db=self._db["mem_vectors"])
+        return True
+
+    def delete(self, tenant: str, memory_ref: str, entry_id: str) -> None:
+        key = scope(tenant, check_ref(memory_ref))
+        check_id("entry_id", entry_id)
+        now = _now_ms()
+
+        def write(txn: lmdb.Transaction) -> None:
+            if self._live_entry(txn, key, entry_id, now) is None:
+                raise NotFound(f"memory entry {entry_id!r} not found")
+            meta = _Meta.load(txn.get(key, db=self._db["mem_meta"]))
+            self._remove(txn, key, meta, entry_id)
+            txn.put(key, meta.record(), db=self._db["mem_meta"])
+
+        self._store.write(write)
+
+    # -- reads --------------------------------------------------------------------------------
+
+    def _live_entry(self, txn: lmdb.Transaction, key: bytes, entry_id: str, now: int) -> bytes | None:
+        stored = txn.get(key + entry_id.encode("utf-8"), db=self._db["mem_entries"])
+        if stored is None:
+            return None
+        doc = _Doc.unpack(0, txn.get(key + stored[:4], db=self._db["mem_docs"]))
+        return stored[4:] if doc.live(now) else None  # an expired entry never surfaces
+
+    def get(self, tenant: str, memory_ref: str, entry_id: str) -> bytes:
+        """The entry's record (a MemoryEntry on the wire)."""
+        key = scope(tenant, check_ref(memory_ref))
+        check_id("entry_id", entry_id)
+        with self._store.read() as txn:
+            record = self._live_entry(txn, key, entry_id, _now_ms())
+        if record is None:
+            raise NotFound(f"memory entry {entry_id!r} not found")
+        return record
+
+    def list(self, tenant: str, request: ListRequest) -> MemoryList:
+        check_at_least("limit", request.limit, 0)
+        if request.token_budget is not None:
+            check_at_least("token_budget", request.token_budget, 1)
+        rank = request.rank or "recency"
+        if rank not in RANKS:
+            raise ValidationError.field("rank", f"must be one of {', '.join(RANKS)}")
+        if rank == "relevance" and not request.query:
+            raise ValidationError.field("query", "is required when rank is relevance")
+        query_vector = self._check_embedding("query_embedding", request.query_embedding)
+        empty = MemoryList(self.token_counter, rank, [], [] if rank == "relevance" else None, 0, 0)
+        try:
+            key = scope(tenant, check_ref(request.memory_ref))
+        except ValidationError:
+            return empty  # CTI-1: a malformed ref is answered like an unknown one, not told apart
+        now = _now_ms()
+        with self._store.read() as txn:
+            meta = _Meta.load(txn.get(key, db=self._db["mem_meta"]))
+            if not meta.live:
+                return empty
+            if query_vector is not None and meta.dim and meta.dim != len(request.query_embedding):
+                raise ValidationError.field("query_embedding", f"has {len(request.query_embedding)} dimensions; this "
+                                            f"memory_ref's entries have {meta.dim}")
+            if rank == "recency":
+                ranked: Iterator[tuple[_Doc, float | None]] = ((doc, None) for doc in self._newest_first(txn, key))
+            else:
+                ranked = self._by_relevance(txn, key, meta, request.query, query_vector)
+            selected, scores, used, left_out = self._walk(ranked, request, now)
+            found = txn.cursor(db=self._db["mem_entries"]).getmulti(
+                [key + doc.entry_id.encode("utf-8") for doc in selected])
+            records = [value[4:] for _, value in found]
+        return MemoryList(self.token_counter, rank, records, scores if rank == "relevance" else None, used, left_out)
+
+    @staticmethod
+    def _walk(ranked: Iterator[tuple[_Doc, float | None]], request: ListRequest,
+              now: int) -> tuple[list[_Doc], list[float], int, int]:
+        """RFC 0113: a prefix of the ranked list within the budget; an entry over the budget on
+        its own is left out (never truncated); the walk stops at the first that does not fit."""
+        budget = request.token_budget
+        selected: list[_Doc] = []
+        scores: list[float] = []
+        used = left_out = 0
+        for doc, score in ranked:
+            if not doc.live(now) or (request.tag and request.tag not in doc.tags):
+                continue
+            if budget is not None:
+                if doc.tokens > budget:
+                    left_out += 1
+                    continue
+                if used + doc.tokens > budget:
+                    left_out += 1
+                    break
+            selected.append(doc)
+            scores.append(score or 0.0)
+            used += doc.tokens
+            if request.limit and len(selected) == request.limit:
+                break
+        return selected, scores, used, left_out
+
+    def _newest_first(self, txn: lmdb.Transaction, key: bytes) -> Iterator[_Doc]:
+        cursor = txn.cursor(db=self._db["mem_docs"])
+        if not cursor.set_range(key + b"\xff\xff\xff\xff"):  # past the ref's last ordinal
+            if not cursor.last():
+                return
+        elif not cursor.prev():
+            return
+        for doc_key, value in cursor.iterprev():
+            if not doc_key.startswith(key):
+                return
+            yield _Doc.unpack(int.from_bytes(doc_key[len(key):], "big"), value)
+
+    def _by_relevance(self, txn: lmdb.Transaction, key: bytes, meta: _Meta, query: str,
+                      query_vector: bytes | None) -> Iterator[tuple[_Doc, float]]:
+        """Lexical BM25, fused with cosine similarity when the query has an embedding. Lexical
+        alone ranks in batches, deeper only when the walk wants more than a batch held."""
+        # Cosine reads every vector anyway, so a fused ranking ranks everything at once.
+        top = 128 if query_vector is None else meta.next_ordinal
+        seen: set[int] = set()
+        while True:
+            rankings = [self._bm25(txn, key, meta, query, top)]
+            if query_vector is not None:
+                rankings.append(self._cosine(txn, key, query_vector, meta.dim, top))
+            ranking = rankings[0] if len(rankings) == 1 else _fuse(rankings)
+            fresh = [(ordinal, score) for ordinal, score in ranking if ordinal not in seen]
+            docs = txn.cursor(db=self._db["mem_docs"]).getmulti([key + be32(o) for o, _ in fresh])
+            by_ordinal = {int.from_bytes(k[len(key):], "big"): v for k, v in docs}
+            for ordinal, score in fresh:
+                seen.add(ordinal)
+                if ordinal in by_ordinal:  # else deleted or replaced: its postings linger
+                    yield _Doc.unpack(ordinal, by_ordinal[ordinal]), score
+            if len(rankings[0]) < top or top >= meta.next_ordinal:
+                return
+            top *= 4
+
+    def _bm25(self, txn: lmdb.Transaction, key: bytes, meta: _Meta, query: str, top: int) -> list[tuple[int, float]]:
+        postings, idfs = [], []
+        n = max(meta.live, 1)
+        for term in dict.fromkeys(terms(query)):
+            term_key = key + term + b"\0"
+            stored = txn.get(term_key, db=self._db["mem_df"])
+            if not stored:
+                continue
+            df, full = _TERM_HEAD.unpack_from(stored)
+            if df <= 0:
+                continue
+            chunks = [value for _, value in txn.cursor(db=self._db["mem_postings"]).getmulti(
+                [term_key + be32(chunk) for chunk in range(full)])]
+            postings.append(b"".join(chunks) + stored[_TERM_HEAD.size:])
+            idfs.append(math.log(1 + (n - df + 0.5) / (df + 0.5)))
+        if not postings:
+            return []
+        avgdl = max(meta.total_length / n, 1.0)
+        return fastcore.bm25_top(postings, idfs, avgdl, BM25_K1, BM25_B, meta.next_ordinal, top)
+
+    def _cosine(self, txn: lmdb.Transaction, key: bytes, query_vector: bytes, dim: int,
+                top: int) -> list[tuple[int, float]]:
+        ordinals, vectors = [], []
+        cursor = txn.cursor(db=self._db["mem_vectors"])
+        if cursor.set_range(key):
+            for vector_key, value in cursor:
+                if not vector_key.startswith(key):
+                    break
+                ordinals.append(int.from_bytes(vector_key[len(key):], "big"))
+                vectors.append(value)
+        if not ordinals:
+            return []
+        packed = struct.pack(f"<{len(ordinals)}I", *ordinals)
+        return fastcore.cosine_top(query_vector, b"".join(vectors), packed, dim, top)
+
+
+def _fuse(rankings: list[list[tuple[int, float]]]) -> list[tuple[int, float]]:
+    """Reciprocal rank fusion: each ranking adds 1 / (k + rank); ties to the newer entry."""
+    fused: dict[int, float] = {}
+    for ranking in rankings:
+        for rank, (ordinal, _) in enumerate(ranking, start=1):
+            fused[ordinal] = fused.get(ordinal, 0.0) + 1.0 / (RRF_K + rank)
+    return sorted(fused.items(), key=lambda item: (-item[1], -item[0]))

@@ -1,0 +1,149 @@
+"""Secret redaction (SR-1), applied to every text before it is counted or stored.
+
+Three passes, each deterministic, so a prompt cache or a replay sees the same bytes every time:
+
+1. Registered secrets: every occurrence of a registered value becomes ``[REDACTED:<secret_id>]``,
+   the longest value winning where values overlap, found in one pass by fastcore's multi-pattern
+   matcher (its cost per byte does not grow with the number of secrets). Values live in this
+   process's memory only: never written to disk, logged or returned.
+2. Built-in detectors (on by default): credential shapes that need no registration become
+   ``[REDACTED:<kind>]``.
+3. Leaked redaction forms are made canonical: ``<REDACTED:x>`` becomes ``[REDACTED:x]`` and
+   ``[BYOK:...]`` becomes ``[REDACTED:byok]`` (its inside may be the very key).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from dataclasses import dataclass
+from typing import Sequence
+
+import fastcore
+from sidecar.errors import ValidationError
+
+MIN_SECRET_CHARS = 8
+MAX_SECRET_BYTES = 4096
+_SECRET_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # a marker must stay a marker
+
+# Kinds of credentials recognised by shape. Order matters only where shapes share a prefix
+# (Anthropic keys start like OpenAI's), and alternation takes the first that matches.
+DETECTORS: tuple[tuple[str, str], ...] = (
+    ("private_key", r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----[\s\S]*?-----END (?:[A-Z0-9]+ )*PRIVATE KEY-----"),
+    ("anthropic_api_key", r"\bsk-ant-[A-Za-z0-9_-]{20,}"),
+    ("openai_api_key", r"\bsk-(?:proj-|svcacct-|admin-)?[A-Za-z0-9_-]{20,}"),
+    ("aws_access_key_id", r"\b(?:AKIA|ASIA|ABIA|ACCA)[0-9A-Z]{16}\b"),
+    ("github_token", r"\b(?:gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{22,})"),
+    ("slack_token", r"\bxox[abeoprs]-[A-Za-z0-9-]{10,}"),
+    ("google_api_key", r"\bAIza[0-9A-Za-z_-]{35}"),
+    ("jwt", r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"),
+)
+# A bearer token in a header keeps its header, loses the token.
+_BEARER = re.compile(r"(?i)(\bauthorization\s*[:=]\s*[\"']?bearer\s+)([A-Za-z0-9._~+/=-]{8,})")
+_DETECTOR = re.compile("|".join(f"(?P<{kind}>{pattern})" for kind, pattern in DETECTORS))
+# Every detector's match starts with one of these. Searching for them with the multi-pattern
+# matcher (C speed) first means the regex alternation, ~50x slower per byte, runs only on the
+# rare text that could hold a credential.
+_DETECTOR_PREFIXES = fastcore.MultiMatcher([prefix.encode() for prefix in (
+    "-----BEGIN ", "sk-", "AKIA", "ASIA", "ABIA", "ACCA", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_",
+    "xoxa-", "xoxb-", "xoxe-", "xoxo-", "xoxp-", "xoxr-", "xoxs-", "AIza", "eyJ")])
+_LEAKED_ANGLE = re.compile(r"<REDACTED:([A-Za-z0-9_.:-]{1,64})>")
+_LEAKED_BYOK = re.compile(r"\[BYOK:[^\]\n]{0,512}\]")
+
+
+@dataclass(frozen=True, slots=True)
+class Redacted:
+    text: str
+    secret_ids: tuple[str, ...]  # registered ids and detector kinds found, first occurrence order
+
+
+def marker(secret_id: str) -> str:
+    return f"[REDACTED:{secret_id}]"
+
+
+@dataclass(frozen=True, slots=True)
+class _Matcher:
+    """One pass over the registered values of a scope: the automaton, the ids by pattern index,
+    and each id's marker, made once."""
+
+    automaton: fastcore.MultiMatcher
+    ids: list[str]
+    markers: list[bytes]
+
+
+class Redactor:
+    """Registered secrets per tenant (tenant-wide, or for one run), and the redaction passes."""
+
+    def __init__(self, detectors: bool = True) -> None:
+        self._detectors = detectors
+        self._lock = threading.Lock()
+        self._scopes: dict[tuple[str, str], dict[str, str]] = {}  # (tenant, run_id or "") -> id -> value
+        self._matchers: dict[tuple[str, str], _Matcher | None] = {}
+
+    def register(self, tenant: str, run_id: str, secrets: Sequence[tuple[str, str]]) -> None:
+        """Add or replace secrets (secret_id, value) of a run, or tenant-wide when run_id is ''."""
+        for i, (secret_id, value) in enumerate(secrets):
+            if not _SECRET_ID.match(secret_id):
+                raise ValidationError.field(f"secrets[{i}].secret_id", "must be 1-64 of A-Z a-z 0-9 _ . -")
+            if len(value) < MIN_SECRET_CHARS:
+                # Short values would redact ordinary words; the message never echoes the value.
+                raise ValidationError.field(f"secrets[{i}].value", f"is shorter than {MIN_SECRET_CHARS} characters")
+            if len(value.encode("utf-8")) > MAX_SECRET_BYTES:
+                raise ValidationError.field(f"secrets[{i}].value", f"is longer than {MAX_SECRET_BYTES} bytes")
+        with self._lock:
+            scope = self._scopes.setdefault((tenant, run_id), {})
+            scope.update(secrets)
+            self._forget_matchers(tenant)
+
+    def forget(self, tenant: str, run_id: str, secret_ids: Sequence[str]) -> int:
+        """Forget the named secrets of the scope (all of them when none is named); how many."""
+        with self._lock:
+            scope = self._scopes.get((tenant, run_id), {})
+            names = list(secret_ids) or list(scope)
+            forgotten = sum(scope.pop(name, None) is not None for name in names)
+            if not scope:
+                self._scopes.pop((tenant, run_id), None)
+            self._forget_matchers(tenant)
+            return forgotten
+
+    def _forget_matchers(self, tenant: str) -> None:
+        for key in [key for key in self._matchers if key[0] == tenant]:
+            del self._matchers[key]
+
+    def _matcher(self, tenant: str, run_id: str) -> _Matcher | None:
+        """The matcher over the tenant-wide and the run's secrets (a run's value wins), built once."""
+        key = (tenant, run_id)
+        with self._lock:
+            if key not in self._matchers:
+                values = {**self._scopes.get((tenant, ""), {}), **(self._scopes.get(key, {}) if run_id else {})}
+                ids = list(values)
+                self._matchers[key] = _Matcher(
+                    fastcore.MultiMatcher([values[i].encode("utf-8") for i in ids]), ids,
+                    [marker(i).encode("utf-8") for i in ids]) if ids else None
+            return self._matchers[key]
+
+    def redact(self, tenant: str, run_id: str, text: str) -> Redacted:
+        found: list[str] = []
+        data = text.encode("utf-8")
+        matcher = self._matcher(tenant, run_id)
+        if matcher is not None:
+            redacted, matched = matcher.automaton.replace(data, matcher.markers)
+            if matched:
+                data = redacted
+                text = redacted.decode("utf-8")
+                found += [matcher.ids[index] for index in matched]
+        if self._detectors:
+            if _DETECTOR_PREFIXES.find(data):
+                text = _DETECTOR.sub(lambda m: _found(found, m.lastgroup or "secret"), text)
+            if "authorization" in text.lower():
+                text = _BEARER.sub(lambda m: m.group(1) + _found(found, "bearer_token"), text)
+        if "<REDACTED:" in text:
+            text = _LEAKED_ANGLE.sub(lambda m: marker(m.group(1)), text)
+        if "[BYOK:" in text:
+            text = _LEAKED_BYOK.sub(lambda m: _found(found, "byok"), text)
+        return Redacted(text, tuple(dict.fromkeys(found)))
+
+
+def _found(found: list[str], kind: str) -> str:
+    found.append(kind)
+    return marker(kind)
