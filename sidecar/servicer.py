@@ -192,6 +192,7 @@ class ContextSidecarServicer(pb_grpc.ContextSidecarServicer):
 
     @answers_errors
     def CountTokens(self, request: pb.CountTokensRequest, context: grpc.ServicerContext) -> pb.CountTokensResponse:
+        self._tenant(context)  # every call is authenticated, even one that reads no tenant's data
         counter = self._counters.get(request.token_counter)
         return pb.CountTokensResponse(token_counter=counter.name, counts=[counter.count(t) for t in request.texts])
 
@@ -266,6 +267,7 @@ class ContextSidecarServicer(pb_grpc.ContextSidecarServicer):
     @answers_errors
     def GetCapabilities(self, request: pb.GetCapabilitiesRequest,
                         context: grpc.ServicerContext) -> pb.GetCapabilitiesResponse:
+        self._tenant(context)
         return pb.GetCapabilitiesResponse(capabilities_json=self._capabilities_json)
 
 

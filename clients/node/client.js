@@ -40,18 +40,37 @@ const METHODS = {
   DeleteArtifact: 'deleteArtifact',
   ForkRun: 'forkRun',
   DeleteRun: 'deleteRun',
+  PutMemory: 'putMemory',
+  GetMemory: 'getMemory',
+  DeleteMemory: 'deleteMemory',
+  ListMemory: 'listMemory',
+  RegisterSecrets: 'registerSecrets',
+  ForgetSecrets: 'forgetSecrets',
 };
 
 /**
  * Connect to a sidecar at `address` ("unix:///abs/path.sock" or "127.0.0.1:50051").
  * The sidecar has no TLS of its own (it listens on loopback or a unix socket), hence insecure.
  *
+ * `token`: when the sidecar is configured with tenants, the tenant's bearer token. Every call
+ * then carries the metadata `authorization: Bearer <token>` (a fresh grpc.Metadata per call;
+ * grpc-js refuses call credentials on an insecure channel). Without a token no metadata is sent,
+ * which is what a sidecar without tenants expects.
+ *
  * Every wrapper takes the request object and optional { deadlineMs } and returns a promise of
  * the response; a failure rejects with the grpc-js ServiceError (its .code is a grpc.status).
  */
-function connect(address, { channelOptions = {} } = {}) {
+function connect(address, { channelOptions = {}, token } = {}) {
+  if (token != null && (typeof token !== 'string' || token === '')) {
+    throw new TypeError('token must be a non-empty string');
+  }
   const Service = loadService();
   const stub = new Service(address, grpc.credentials.createInsecure(), channelOptions);
+  const callMetadata = () => {
+    const metadata = new grpc.Metadata();
+    if (token != null) metadata.set('authorization', `Bearer ${token}`);
+    return metadata;
+  };
 
   const client = {
     close: () => stub.close(),
@@ -65,7 +84,7 @@ function connect(address, { channelOptions = {} } = {}) {
   for (const [rpc, name] of Object.entries(METHODS)) {
     client[name] = (request = {}, { deadlineMs = 30000 } = {}) =>
       new Promise((resolve, reject) => {
-        stub[rpc](request, { deadline: Date.now() + deadlineMs }, (err, response) =>
+        stub[rpc](request, callMetadata(), { deadline: Date.now() + deadlineMs }, (err, response) =>
           err ? reject(err) : resolve(response));
       });
   }

@@ -27,7 +27,7 @@ const SUMMARY_TYPE = 'context.summary';
 const SUMMARIZED_TYPE = 'context.summarized';
 const PAYLOAD_FIELDS = ['iteration', 'replacedTurns', 'summaryRef', 'tokenCounter', 'tokensBefore', 'tokensAfter'];
 
-const codePoints = (text) => [...text].length;
+const { codePoints, textGenerator } = require('./text');
 const sum = (values) => values.reduce((s, v) => s + v, 0);
 
 const sidecarFlags = () => ['--token-counter', 'chars', '--transcript-token-budget', String(BUDGET),
@@ -35,37 +35,9 @@ const sidecarFlags = () => ['--token-counter', 'chars', '--transcript-token-budg
 
 // --- deterministic content (the generator of transcript.test.js, smaller turns) -----------
 
-function mulberry32(seed) {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
-const rng = mulberry32(0x50aa1e5);
-const randInt = (lo, hi) => lo + Math.floor(rng() * (hi - lo + 1));
-const pick = (items) => items[Math.floor(rng() * items.length)];
-
 const ASCII_WORDS = ['the', 'tool', 'returned', 'rows', 'config', 'value', 'search', 'result', 'index',
   'timeout', 'retry', 'file', 'path', 'ok', 'error', 'list', 'context', 'window', 'budget', 'token'];
-const ACCENTED_WORDS = ['café', 'naïve', 'Ærøskøbing', 'señor', 'über', 'façade', 'crème', 'Ångström',
-  'e\u0301lan', 'Straße'];
-const CJK_WORDS = ['日本語', '漢字', '中文测试', '東京', '한국어', 'データ', '検索結果'];
-const EMOJI_WORDS = ['😀', '🚀', '🌍', '👍🏽', '🇫🇷', '🧪', '📦'];
-
-function randomText(length) {
-  let text = '';
-  while (codePoints(text) < length) {
-    const roll = rng();
-    const pool = roll < 0.6 ? ASCII_WORDS : roll < 0.75 ? ACCENTED_WORDS : roll < 0.9 ? CJK_WORDS : EMOJI_WORDS;
-    text += (text ? ' ' : '') + pick(pool);
-  }
-  return [...text].slice(0, length).join(''); // cut at a code point, never inside a surrogate pair
-}
+const { rng, randInt, pick, randomText } = textGenerator(0x50aa1e5, ASCII_WORDS);
 
 function toolCallContent(length) {
   const head = '{"name":"search","arguments":{"q":"';

@@ -21,7 +21,7 @@ const TURNS = 40;
 const RUN_ID = 'node-transcript-run';
 const OVERSIZED_TURN = 27; // one turn alone exceeds the budget: its big event must be clipped
 
-const codePoints = (text) => [...text].length;
+const { codePoints, textGenerator } = require('./text');
 const utf8Bytes = (text) => Buffer.byteLength(text, 'utf8');
 
 // --- the sidecar process ------------------------------------------------------------------
@@ -30,41 +30,9 @@ const sidecarFlags = () => ['--token-counter', 'chars', '--transcript-token-budg
 
 // --- deterministic content ----------------------------------------------------------------
 
-function mulberry32(seed) {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
-const rng = mulberry32(0x5eed2024);
-const randInt = (lo, hi) => lo + Math.floor(rng() * (hi - lo + 1));
-const pick = (items) => items[Math.floor(rng() * items.length)];
-
-// Word pools chosen so that code points, UTF-16 units and UTF-8 bytes all differ: accents
-// (2 bytes, 1 unit), a combining sequence (2 code points), CJK (3 bytes, 1 unit), emoji and
-// flags (4 bytes, 2 units each code point), a skin-tone modifier sequence.
 const ASCII_WORDS = ['the', 'tool', 'returned', 'rows', 'config', 'value', 'search', 'result', 'index',
   'timeout', 'retry', 'file', 'path', 'ok', 'error', 'list', 'context', 'window', 'budget', 'token'];
-const ACCENTED_WORDS = ['café', 'naïve', 'Ærøskøbing', 'señor', 'über', 'façade', 'crème', 'Ångström',
-  'e\u0301lan', 'Straße'];
-const CJK_WORDS = ['日本語', '漢字', '中文测试', '東京', '한국어', 'データ', '検索結果'];
-const EMOJI_WORDS = ['😀', '🚀', '🌍', '👍🏽', '🇫🇷', '🧪', '📦'];
-
-function randomText(length) {
-  let text = '';
-  while (codePoints(text) < length) {
-    const roll = rng();
-    const pool = roll < 0.6 ? ASCII_WORDS : roll < 0.75 ? ACCENTED_WORDS : roll < 0.9 ? CJK_WORDS : EMOJI_WORDS;
-    text += (text ? ' ' : '') + pick(pool);
-  }
-  // Cut at a code point (never inside a surrogate pair), so the text stays valid UTF-8.
-  return [...text].slice(0, length).join('');
-}
+const { rng, randInt, pick, randomText } = textGenerator(0x5eed2024, ASCII_WORDS);
 
 function toolCallContent(length) {
   const head = '{"name":"search","arguments":{"q":"';
