@@ -7,10 +7,16 @@ Each memory ref keeps, under ``scope(tenant, ref)``:
 - ``mem_docs``: ordinal -> what a ranked walk needs (tokens, expiry, tags, id) without reading
   the content. Ordinals grow with every put, so this index, read backwards, is the recency order;
 - ``mem_df`` and ``mem_postings``: the inverted index for BM25, updated in the same transaction as
-  each put and delete. A term's ``mem_df`` record holds its document frequency, how many full
-  postings chunks it has, and its open chunk; full chunks of ``POSTINGS_PER_CHUNK`` postings
-  (ordinal, tf, dl) move to ``mem_postings``. A put touches one record per term;
+  each put and delete. A term's ``mem_df`` record holds its document frequency, how many of its
+  postings (ordinal, tf, dl) are sealed, and its open chunk of up to ``POSTINGS_PER_CHUNK``; a full
+  open chunk is appended to the term's current segment in ``mem_postings`` (up to
+  ``POSTINGS_PER_SEGMENT``). So a put touches one small record per term, and a query reads a
+  common term's postings in a few large values rather than hundreds of small ones;
 - ``mem_vectors``: ordinal -> embedding, when the host sends one;
+- ``mem_expiry``: (expiry, ordinal) -> entry id, for the entries with a TTL. Every write to a ref
+  first removes its entries whose time has come, so the BM25 statistics count only live
+  entries (an entry that expires between writes is already never returned, but still counted
+  until the next write);
 - ``mem_meta``: the next ordinal, the live entries, their total length, the embedding dimension.
 
 Deleted or replaced entries leave their postings behind (a walk skips ordinals no longer in
@@ -27,7 +33,7 @@ import struct
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import lmdb
 
@@ -48,12 +54,13 @@ MAX_TAGS = 32
 MAX_TAG_BYTES = 64
 MAX_EMBEDDING_DIM = 4096
 POSTINGS_PER_CHUNK = 128  # 1 KiB: a term's record with its open chunk stays inline in a leaf page
+POSTINGS_PER_SEGMENT = 8192  # 64 KiB sealed segments: 100k postings are ~13 reads
 BM25_K1, BM25_B = 1.2, 0.75
 RRF_K = 60  # reciprocal rank fusion's usual constant
 RANKS = ("recency", "relevance")
 _DOC = struct.Struct("<IqqH")  # tokens, created ms, expires ms (0: never), id length; then id, tags
 _POSTING = struct.Struct("<IHH")  # ordinal, tf, dl
-_TERM_HEAD = struct.Struct("<II")  # df, full chunks; the open chunk follows
+_TERM_HEAD = struct.Struct("<II")  # df, sealed postings; the open chunk follows
 _U16_MAX = 0xFFFF
 
 
@@ -148,7 +155,9 @@ def _now_ms() -> int:
 
 
 class Memories:
-    def __init__(self, store: Store, counters: Counters, settings: MemorySettings, redactor: Redactor) -> None:
+    def __init__(self, store: Store, counters: Counters, settings: MemorySettings, redactor: Redactor,
+                 clock: Callable[[], int] = _now_ms) -> None:
+        self._clock = clock  # milliseconds since the epoch
         self._store = store
         self._db = store.db
         self._counter = counters.get(settings.token_counter)
@@ -179,7 +188,7 @@ class Memories:
         # SR-1: redact before anything is counted or stored.
         redacted = self._redactor.redact(tenant, "", content)
         tokens = self._counter.count(redacted.text)
-        now = _now_ms()
+        now = self._clock()
         expires = now + ttl_seconds * 1000 if ttl_seconds else 0
         record_bytes = encode_memory(entry_id, redacted.text, tags, now, expires, tokens)
         entry_terms = Counter(terms(redacted.text))
@@ -187,6 +196,7 @@ class Memories:
 
         def write(txn: lmdb.Transaction) -> bool:
             meta = _Meta.load(txn.get(key, db=self._db["mem_meta"]))
+            self._purge_expired(txn, key, meta, now)
             if vector is not None:
                 if meta.dim and meta.dim != len(embedding):
                     raise ValidationError.field("embedding", f"has {len(embedding)} dimensions; this memory_ref's "
@@ -199,6 +209,9 @@ class Memories:
             meta.total_length += length
             txn.put(key + entry_id.encode("utf-8"), be32(ordinal) + record_bytes, db=self._db["mem_entries"])
             txn.put(key + be32(ordinal), _Doc.pack(entry_id, tokens, now, expires, tags), db=self._db["mem_docs"])
+            if expires:
+                txn.put(key + expires.to_bytes(8, "big") + be32(ordinal), entry_id.encode("utf-8"),
+                        db=self._db["mem_expiry"])
             if vector is not None:
                 txn.put(key + be32(ordinal), vector, db=self._db["mem_vectors"])
             for term, tf in entry_terms.items():
@@ -224,12 +237,14 @@ class Memories:
         """Add one posting to the term's open chunk (sealing it when full) and count the entry in its df."""
         term_key = key + term + b"\0"
         stored = txn.get(term_key, db=self._db["mem_df"])
-        df, full = _TERM_HEAD.unpack_from(stored) if stored else (0, 0)
+        df, sealed = _TERM_HEAD.unpack_from(stored) if stored else (0, 0)
         open_chunk = (stored[_TERM_HEAD.size:] if stored else b"") + posting
         if len(open_chunk) == POSTINGS_PER_CHUNK * _POSTING.size:
-            txn.put(term_key + be32(full), open_chunk, db=self._db["mem_postings"])
-            full, open_chunk = full + 1, b""
-        txn.put(term_key, _TERM_HEAD.pack(df + 1, full) + open_chunk, db=self._db["mem_df"])
+            segment_key = term_key + be32(sealed // POSTINGS_PER_SEGMENT)
+            segment = txn.get(segment_key, b"", db=self._db["mem_postings"])
+            txn.put(segment_key, segment + open_chunk, db=self._db["mem_postings"])
+            sealed, open_chunk = sealed + POSTINGS_PER_CHUNK, b""
+        txn.put(term_key, _TERM_HEAD.pack(df + 1, sealed) + open_chunk, db=self._db["mem_df"])
 
     def _remove(self, txn: lmdb.Transaction, key: bytes, meta: _Meta, entry_id: str) -> bool:
         """Take an existing entry out (its doc, vector, df counts and length); False if none."""
@@ -237,12 +252,15 @@ class Memories:
         if stored is None:
             return False
         ordinal = int.from_bytes(stored[:4], "big")
+        doc = _Doc.unpack(ordinal, txn.get(key + stored[:4], db=self._db["mem_docs"]))
+        if doc.expires_ms:
+            txn.delete(key + doc.expires_ms.to_bytes(8, "big") + stored[:4], db=self._db["mem_expiry"])
         old_terms = Counter(terms(memory_content(stored[4:])))
         for term in old_terms:
             term_key = key + term + b"\0"
             stored = txn.get(term_key, db=self._db["mem_df"])
-            df, full = _TERM_HEAD.unpack_from(stored)
-            txn.put(term_key, _TERM_HEAD.pack(df - 1, full) + stored[_TERM_HEAD.size:], db=self._db["mem_df"])
+            df, sealed = _TERM_HEAD.unpack_from(stored)
+            txn.put(term_key, _TERM_HEAD.pack(df - 1, sealed) + stored[_TERM_HEAD.size:], db=self._db["mem_df"])
         meta.live -= 1
         meta.total_length -= min(sum(old_terms.values()), _U16_MAX)
         txn.delete(key + entry_id.encode("utf-8"), db=self._db["mem_entries"])
@@ -250,15 +268,29 @@ class Memories:
         txn.delete(key + be32(ordinal), db=self._db["mem_vectors"])
         return True
 
+    def _purge_expired(self, txn: lmdb.Transaction, key: bytes, meta: _Meta, now: int) -> None:
+        """Remove the ref's entries whose expiry has come (oldest expiry first, stop at the first
+        still alive): the work is the entries removed, not the entries kept."""
+        expired = []
+        cursor = txn.cursor(db=self._db["mem_expiry"])
+        if cursor.set_range(key):
+            for expiry_key, entry_id in cursor:
+                if not expiry_key.startswith(key) or int.from_bytes(expiry_key[len(key):len(key) + 8], "big") > now:
+                    break
+                expired.append(entry_id.decode("utf-8"))
+        for entry_id in expired:
+            self._remove(txn, key, meta, entry_id)
+
     def delete(self, tenant: str, memory_ref: str, entry_id: str) -> None:
         key = scope(tenant, check_ref(memory_ref))
         check_id("entry_id", entry_id)
-        now = _now_ms()
+        now = self._clock()
 
         def write(txn: lmdb.Transaction) -> None:
+            meta = _Meta.load(txn.get(key, db=self._db["mem_meta"]))
+            self._purge_expired(txn, key, meta, now)
             if self._live_entry(txn, key, entry_id, now) is None:
                 raise NotFound(f"memory entry {entry_id!r} not found")
-            meta = _Meta.load(txn.get(key, db=self._db["mem_meta"]))
             self._remove(txn, key, meta, entry_id)
             txn.put(key, meta.record(), db=self._db["mem_meta"])
 
@@ -278,7 +310,7 @@ class Memories:
         key = scope(tenant, check_ref(memory_ref))
         check_id("entry_id", entry_id)
         with self._store.read() as txn:
-            record = self._live_entry(txn, key, entry_id, _now_ms())
+            record = self._live_entry(txn, key, entry_id, self._clock())
         if record is None:
             raise NotFound(f"memory entry {entry_id!r} not found")
         return record
@@ -298,7 +330,7 @@ class Memories:
             key = scope(tenant, check_ref(request.memory_ref))
         except ValidationError:
             return empty  # CTI-1: a malformed ref is answered like an unknown one, not told apart
-        now = _now_ms()
+        now = self._clock()
         with self._store.read() as txn:
             meta = _Meta.load(txn.get(key, db=self._db["mem_meta"]))
             if not meta.live:
@@ -385,12 +417,12 @@ class Memories:
             stored = txn.get(term_key, db=self._db["mem_df"])
             if not stored:
                 continue
-            df, full = _TERM_HEAD.unpack_from(stored)
+            df, sealed = _TERM_HEAD.unpack_from(stored)
             if df <= 0:
                 continue
-            chunks = [value for _, value in txn.cursor(db=self._db["mem_postings"]).getmulti(
-                [term_key + be32(chunk) for chunk in range(full)])]
-            postings.append(b"".join(chunks) + stored[_TERM_HEAD.size:])
+            segments = [value for _, value in txn.cursor(db=self._db["mem_postings"]).getmulti(
+                [term_key + be32(segment) for segment in range(-(-sealed // POSTINGS_PER_SEGMENT))])]
+            postings.append(b"".join(segments) + stored[_TERM_HEAD.size:])
             idfs.append(math.log(1 + (n - df + 0.5) / (df + 0.5)))
         if not postings:
             return []
