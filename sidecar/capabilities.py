@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from sidecar.settings import ContextSettings, MemorySettings
+from sidecar.settings import ContextSettings, MemoryCompactionSettings, MemorySettings
 
 EXECUTION_MODEL_VERSION = 5  # RFC 0061's stateful loop, which contextBudget is gated on
 
 
-def capability_document(context: ContextSettings, memory: MemorySettings) -> dict[str, Any]:
+def capability_document(context: ContextSettings, memory: MemorySettings,
+                        compaction: MemoryCompactionSettings | None = None) -> dict[str, Any]:
     execution_model: dict[str, Any] = {"version": EXECUTION_MODEL_VERSION}
     if context.transcript_window:
         execution_model["transcriptWindow"] = context.transcript_window
@@ -24,14 +25,20 @@ def capability_document(context: ContextSettings, memory: MemorySettings) -> dic
                            "keepLastTurns": context.keep_last_turns}
                           if context.summarization else {"supported": False}),
     }
+    memory_block: dict[str, Any] = {
+        "supported": True, "maxEntrySizeBytes": memory.max_entry_bytes, "ttlSupported": True,
+        "injectionBudget": {"supported": True, "tokenCounter": memory.token_counter},
+        "search": {"supported": True, "modes": ["lexical", "semantic"] if memory.embeddings else ["lexical"]},
+    }
+    if compaction is not None and compaction.enabled:
+        # RFC 0012 §A: the background job (host-managed) and CompactMemory (client-requested).
+        memory_block["compaction"] = {"supported": True, "trigger": "both",
+                                      "maxInputEntries": compaction.max_input_entries,
+                                      "maxOutputBytes": compaction.max_output_bytes}
     return {
         "multiAgent": {"executionModel": execution_model},
         # RFC 0004 memory, RFC 0113 injectionBudget. RFC 0113 ties rank 'relevance' to a semantic
         # memory.search; this sidecar says which modes it really serves: lexical (BM25) always,
         # semantic (cosine over host-supplied embeddings) when embeddings are on.
-        "memory": {
-            "supported": True, "maxEntrySizeBytes": memory.max_entry_bytes, "ttlSupported": True,
-            "injectionBudget": {"supported": True, "tokenCounter": memory.token_counter},
-            "search": {"supported": True, "modes": ["lexical", "semantic"] if memory.embeddings else ["lexical"]},
-        },
+        "memory": memory_block,
     }

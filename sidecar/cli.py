@@ -36,7 +36,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    overrides = {tuple(dest.split(".", 1)): value for dest, value in vars(args).items() if "." in dest}
+    overrides = {tuple(dest.rsplit(".", 1)): value for dest, value in vars(args).items() if "." in dest}
     try:
         settings = load_settings(args.config, overrides=overrides)
     except ConfigError as error:

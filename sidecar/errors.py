@@ -68,3 +68,13 @@ class Unauthenticated(SidecarError):
     """No bearer token, or one that names no tenant."""
 
     code = "unauthenticated"
+
+
+class Aborted(SidecarError):
+    """A concurrent change got in the way; the same call again will go through."""
+
+    code = "aborted"
+
+
+class CompactionDisabled(SidecarError):
+    code = "compaction_disabled"

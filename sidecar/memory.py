@@ -38,7 +38,7 @@ from typing import Callable, Iterator, Sequence
 import lmdb
 
 import fastcore
-from sidecar.counting import Counters
+from sidecar.counting import Counters, TokenCounter
 from sidecar.errors import NotFound, ValidationError
 from sidecar.records import dump_json, encode_memory, load_json, memory_content
 from sidecar.redaction import Redactor
@@ -77,9 +77,11 @@ def check_ref(memory_ref: str, field: str = "memory_ref") -> bytes:
     return encoded
 
 
-def terms(text: str) -> list[bytes]:
-    """BM25 terms: lower-cased Unicode word runs (no stemming), as UTF-8."""
-    return [t for t in (m.encode("utf-8") for m in _TERM.findall(text.lower())) if len(t) <= MAX_TERM_BYTES]
+def terms(text: str) -> list[str]:
+    """BM25 terms: lower-cased Unicode word runs (no stemming) of at most MAX_TERM_BYTES in
+    UTF-8. (Only a term over 16 characters can be that long, so only those get encoded here;
+    the index encodes each distinct term once.)"""
+    return [t for t in _TERM.findall(text.lower()) if len(t) <= 16 or len(t.encode("utf-8")) <= MAX_TERM_BYTES]
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +90,34 @@ class PutResult:
     tokens: int
     redacted_secret_ids: tuple[str, ...]
     replaced: bool
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedEntry:
+    """An entry ready to store: redacted, counted, its terms known."""
+
+    entry_id: str
+    content: str
+    tags: tuple[str, ...]
+    tokens: int
+    created_ms: int
+    expires_ms: int
+    terms: Counter
+    length: int
+    vector: bytes | None
+    dim: int
+    secret_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """An entry about to be compacted, as it was read."""
+
+    entry_id: str
+    ordinal: int
+    content: str
+    tags: tuple[str, ...]
+    terms: Counter
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,11 +198,16 @@ class Memories:
     def token_counter(self) -> str:
         return self._counter.name
 
+    @property
+    def counter(self) -> TokenCounter:
+        return self._counter
+
     # -- writes -------------------------------------------------------------------------------
 
-    def put(self, tenant: str, memory_ref: str, content: str, tags: Sequence[str] = (), ttl_seconds: int = 0,
-            entry_id: str = "", embedding: Sequence[float] = ()) -> PutResult:
-        key = scope(tenant, check_ref(memory_ref))
+    def prepare(self, tenant: str, content: str, tags: Sequence[str] = (), ttl_seconds: int = 0,
+                entry_id: str = "", embedding: Sequence[float] = ()) -> PreparedEntry:
+        """Validate, redact (SR-1: before anything is counted or stored), count and index an entry,
+        all outside any transaction."""
         size = len(content.encode("utf-8"))
         if size > self._settings.max_entry_bytes:
             raise ValidationError.field("content", f"is {size} bytes; at most {self._settings.max_entry_bytes} "
@@ -185,42 +220,53 @@ class Memories:
         entry_id = entry_id or f"mem_{secrets.token_hex(8)}"
         check_id("entry_id", entry_id)
         vector = self._check_embedding("embedding", embedding)
-        # SR-1: redact before anything is counted or stored.
         redacted = self._redactor.redact(tenant, "", content)
         tokens = self._counter.count(redacted.text)
         now = self._clock()
         expires = now + ttl_seconds * 1000 if ttl_seconds else 0
-        record_bytes = encode_memory(entry_id, redacted.text, tags, now, expires, tokens)
         entry_terms = Counter(terms(redacted.text))
-        length = min(sum(entry_terms.values()), _U16_MAX)
+        return PreparedEntry(entry_id, redacted.text, tuple(tags), tokens, now, expires, entry_terms,
+                             min(sum(entry_terms.values()), _U16_MAX), vector, len(embedding), redacted.secret_ids)
+
+    def put(self, tenant: str, memory_ref: str, content: str, tags: Sequence[str] = (), ttl_seconds: int = 0,
+            entry_id: str = "", embedding: Sequence[float] = ()) -> PutResult:
+        key = scope(tenant, check_ref(memory_ref))
+        entry = self.prepare(tenant, content, tags, ttl_seconds, entry_id, embedding)
 
         def write(txn: lmdb.Transaction) -> bool:
             meta = _Meta.load(txn.get(key, db=self._db["mem_meta"]))
-            self._purge_expired(txn, key, meta, now)
-            if vector is not None:
-                if meta.dim and meta.dim != len(embedding):
-                    raise ValidationError.field("embedding", f"has {len(embedding)} dimensions; this memory_ref's "
-                                                f"entries have {meta.dim}")
-                meta.dim = len(embedding)
-            replaced = self._remove(txn, key, meta, entry_id)
-            ordinal = meta.next_ordinal
-            meta.next_ordinal += 1
-            meta.live += 1
-            meta.total_length += length
-            txn.put(key + entry_id.encode("utf-8"), be32(ordinal) + record_bytes, db=self._db["mem_entries"])
-            txn.put(key + be32(ordinal), _Doc.pack(entry_id, tokens, now, expires, tags), db=self._db["mem_docs"])
-            if expires:
-                txn.put(key + expires.to_bytes(8, "big") + be32(ordinal), entry_id.encode("utf-8"),
-                        db=self._db["mem_expiry"])
-            if vector is not None:
-                txn.put(key + be32(ordinal), vector, db=self._db["mem_vectors"])
-            for term, tf in entry_terms.items():
-                self._post(txn, key, term, _POSTING.pack(ordinal, min(tf, _U16_MAX), length))
+            self._purge_expired(txn, key, meta, entry.created_ms)
+            replaced = self._remove(txn, key, meta, entry.entry_id)
+            self.insert(txn, key, meta, entry)
             txn.put(key, meta.record(), db=self._db["mem_meta"])
             return replaced
 
         replaced = self._store.write(write)
-        return PutResult(entry_id, tokens, redacted.secret_ids, replaced)
+        return PutResult(entry.entry_id, entry.tokens, entry.secret_ids, replaced)
+
+    def insert(self, txn: lmdb.Transaction, key: bytes, meta: _Meta, entry: PreparedEntry) -> None:
+        """Store a prepared entry as the ref's newest, indexed; the caller saves ``meta``."""
+        if entry.vector is not None:
+            if meta.dim and meta.dim != entry.dim:
+                raise ValidationError.field("embedding", f"has {entry.dim} dimensions; this memory_ref's "
+                                            f"entries have {meta.dim}")
+            meta.dim = entry.dim
+        ordinal = meta.next_ordinal
+        meta.next_ordinal += 1
+        meta.live += 1
+        meta.total_length += entry.length
+        record = encode_memory(entry.entry_id, entry.content, entry.tags, entry.created_ms, entry.expires_ms,
+                               entry.tokens)
+        txn.put(key + entry.entry_id.encode("utf-8"), be32(ordinal) + record, db=self._db["mem_entries"])
+        txn.put(key + be32(ordinal), _Doc.pack(entry.entry_id, entry.tokens, entry.created_ms, entry.expires_ms,
+                                               entry.tags), db=self._db["mem_docs"])
+        if entry.expires_ms:
+            txn.put(key + entry.expires_ms.to_bytes(8, "big") + be32(ordinal), entry.entry_id.encode("utf-8"),
+                    db=self._db["mem_expiry"])
+        if entry.vector is not None:
+            txn.put(key + be32(ordinal), entry.vector, db=self._db["mem_vectors"])
+        for term, tf in entry.terms.items():
+            self._post(txn, key, term, _POSTING.pack(ordinal, min(tf, _U16_MAX), entry.length))
 
     def _check_embedding(self, field: str, embedding: Sequence[float]) -> bytes | None:
         if not embedding:
@@ -233,9 +279,9 @@ class Memories:
             raise ValidationError.field(field, "must hold finite numbers")
         return struct.pack(f"<{len(embedding)}f", *embedding)
 
-    def _post(self, txn: lmdb.Transaction, key: bytes, term: bytes, posting: bytes) -> None:
+    def _post(self, txn: lmdb.Transaction, key: bytes, term: str, posting: bytes) -> None:
         """Add one posting to the term's open chunk (sealing it when full) and count the entry in its df."""
-        term_key = key + term + b"\0"
+        term_key = key + term.encode("utf-8") + b"\0"
         stored = txn.get(term_key, db=self._db["mem_df"])
         df, sealed = _TERM_HEAD.unpack_from(stored) if stored else (0, 0)
         open_chunk = (stored[_TERM_HEAD.size:] if stored else b"") + posting
@@ -248,25 +294,37 @@ class Memories:
 
     def _remove(self, txn: lmdb.Transaction, key: bytes, meta: _Meta, entry_id: str) -> bool:
         """Take an existing entry out (its doc, vector, df counts and length); False if none."""
-        stored = txn.get(key + entry_id.encode("utf-8"), db=self._db["mem_entries"])
-        if stored is None:
-            return False
-        ordinal = int.from_bytes(stored[:4], "big")
-        doc = _Doc.unpack(ordinal, txn.get(key + stored[:4], db=self._db["mem_docs"]))
-        if doc.expires_ms:
-            txn.delete(key + doc.expires_ms.to_bytes(8, "big") + stored[:4], db=self._db["mem_expiry"])
-        old_terms = Counter(terms(memory_content(stored[4:])))
-        for term in old_terms:
-            term_key = key + term + b"\0"
+        return bool(self.remove_many(txn, key, meta, [entry_id]))
+
+    def remove_many(self, txn: lmdb.Transaction, key: bytes, meta: _Meta, entry_ids: Sequence[str],
+                    known_terms: dict[str, Counter] | None = None) -> int:
+        """Take existing entries out; each term's df is updated once for all of them (a compaction
+        removes hundreds). ``known_terms`` spares re-reading contents whose terms are known.
+        Returns how many existed; the caller saves ``meta``."""
+        decrements: Counter = Counter()
+        removed = 0
+        for entry_id in entry_ids:
+            stored = txn.get(key + entry_id.encode("utf-8"), db=self._db["mem_entries"])
+            if stored is None:
+                continue
+            ordinal_key = stored[:4]
+            doc = _Doc.unpack(0, txn.get(key + ordinal_key, db=self._db["mem_docs"]))
+            if doc.expires_ms:
+                txn.delete(key + doc.expires_ms.to_bytes(8, "big") + ordinal_key, db=self._db["mem_expiry"])
+            old_terms = (known_terms or {}).get(entry_id) or Counter(terms(memory_content(stored[4:])))
+            decrements.update(old_terms.keys())
+            meta.live -= 1
+            meta.total_length -= min(sum(old_terms.values()), _U16_MAX)
+            txn.delete(key + entry_id.encode("utf-8"), db=self._db["mem_entries"])
+            txn.delete(key + ordinal_key, db=self._db["mem_docs"])
+            txn.delete(key + ordinal_key, db=self._db["mem_vectors"])
+            removed += 1
+        for term, count in decrements.items():
+            term_key = key + term.encode("utf-8") + b"\0"
             stored = txn.get(term_key, db=self._db["mem_df"])
             df, sealed = _TERM_HEAD.unpack_from(stored)
-            txn.put(term_key, _TERM_HEAD.pack(df - 1, sealed) + stored[_TERM_HEAD.size:], db=self._db["mem_df"])
-        meta.live -= 1
-        meta.total_length -= min(sum(old_terms.values()), _U16_MAX)
-        txn.delete(key + entry_id.encode("utf-8"), db=self._db["mem_entries"])
-        txn.delete(key + be32(ordinal), db=self._db["mem_docs"])
-        txn.delete(key + be32(ordinal), db=self._db["mem_vectors"])
-        return True
+            txn.put(term_key, _TERM_HEAD.pack(df - count, sealed) + stored[_TERM_HEAD.size:], db=self._db["mem_df"])
+        return removed
 
     def _purge_expired(self, txn: lmdb.Transaction, key: bytes, meta: _Meta, now: int) -> None:
         """Remove the ref's entries whose expiry has come (oldest expiry first, stop at the first
@@ -295,6 +353,61 @@ class Memories:
             txn.put(key, meta.record(), db=self._db["mem_meta"])
 
         self._store.write(write)
+
+    # -- what compaction needs ----------------------------------------------------------------
+
+    @property
+    def store(self) -> Store:
+        return self._store
+
+    def load_meta(self, txn: lmdb.Transaction, key: bytes) -> _Meta:
+        return _Meta.load(txn.get(key, db=self._db["mem_meta"]))
+
+    def save_meta(self, txn: lmdb.Transaction, key: bytes, meta: _Meta) -> None:
+        txn.put(key, meta.record(), db=self._db["mem_meta"])
+
+    def refs_over(self, min_entries: int) -> list[tuple[str, str]]:
+        """(tenant, memory ref) of every ref holding more than ``min_entries`` entries."""
+        found = []
+        with self._store.read() as txn:
+            for key, value in txn.cursor(db=self._db["mem_meta"]):
+                if _Meta.load(value).live > min_entries:
+                    tenant, ref = key.decode("utf-8").split("\0")[:2]
+                    found.append((tenant, ref))
+        return found
+
+    def oldest(self, txn: lmdb.Transaction, key: bytes, keep_recent: int, most: int) -> list[str]:
+        """The ids of the oldest live entries beyond the newest ``keep_recent``, at most ``most``."""
+        now = self._clock()
+        live = [doc for doc in self._oldest_first(txn, key) if doc.live(now)]
+        return [doc.entry_id for doc in live[:max(len(live) - keep_recent, 0)][:most]]
+
+    def _oldest_first(self, txn: lmdb.Transaction, key: bytes) -> Iterator[_Doc]:
+        cursor = txn.cursor(db=self._db["mem_docs"])
+        if cursor.set_range(key):
+            for doc_key, value in cursor:
+                if not doc_key.startswith(key):
+                    return
+                yield _Doc.unpack(int.from_bytes(doc_key[len(key):], "big"), value)
+
+    def read_sources(self, txn: lmdb.Transaction, key: bytes, entry_ids: Sequence[str],
+                     field: str = "source_ids") -> list[Source]:
+        """The live entries named, oldest first as named; an absent or expired one is named in the error."""
+        now = self._clock()
+        sources = []
+        for i, entry_id in enumerate(entry_ids):
+            stored = txn.get(key + entry_id.encode("utf-8"), db=self._db["mem_entries"])
+            doc = _Doc.unpack(0, txn.get(key + stored[:4], db=self._db["mem_docs"])) if stored else None
+            if doc is None or not doc.live(now):
+                raise ValidationError.field(f"{field}[{i}]", f"{entry_id!r} is not a live entry of this memory_ref")
+            content = memory_content(stored[4:])
+            sources.append(Source(entry_id, int.from_bytes(stored[:4], "big"), content, doc.tags,
+                                  Counter(terms(content))))
+        return sources
+
+    def ordinal_of(self, txn: lmdb.Transaction, key: bytes, entry_id: str) -> int | None:
+        stored = txn.get(key + entry_id.encode("utf-8"), db=self._db["mem_entries"])
+        return None if stored is None else int.from_bytes(stored[:4], "big")
 
     # -- reads --------------------------------------------------------------------------------
 
@@ -413,7 +526,7 @@ class Memories:
         postings, idfs = [], []
         n = max(meta.live, 1)
         for term in dict.fromkeys(terms(query)):
-            term_key = key + term + b"\0"
+            term_key = key + term.encode("utf-8") + b"\0"
             stored = txn.get(term_key, db=self._db["mem_df"])
             if not stored:
                 continue

@@ -18,6 +18,8 @@ from grpc_reflection.v1alpha import reflection
 from sidecar.capabilities import capability_document
 from sidecar.counting import Counters
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
+from sidecar.compaction import BackgroundJob, Compactor
+from sidecar.events import EventLog
 from sidecar.memory import Memories
 from sidecar.redaction import Redactor
 from sidecar.servicer import ContextSidecarServicer, TenantOf, add_servicer_to_server
@@ -38,6 +40,8 @@ class Services:
     transcripts: Transcripts
     memories: Memories
     redactor: Redactor
+    events: EventLog
+    compactor: Compactor | None  # None: [memory.compaction] is off
 
     @classmethod
     def open(cls, settings: Settings) -> Services:
@@ -48,8 +52,11 @@ class Services:
     @classmethod
     def build(cls, settings: Settings, store: Store, counters: Counters) -> Services:
         redactor = Redactor(settings.redaction.detectors)
-        return cls(store, counters, Transcripts(store, counters, settings.context, redactor),
-                   Memories(store, counters, settings.memory, redactor), redactor)
+        memories = Memories(store, counters, settings.memory, redactor)
+        events = EventLog(store)
+        compactor = Compactor(memories, events, settings.memory_compaction) if settings.memory_compaction.enabled else None
+        return cls(store, counters, Transcripts(store, counters, settings.context, redactor), memories, redactor,
+                   events, compactor)
 
     def close(self) -> None:
         self.store.close()
@@ -90,8 +97,10 @@ def build_server(settings: Settings, services: Services,
         options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit),
                  # Two sidecars must not silently share a port.
                  ("grpc.so_reuseport", 0)])
-    servicer = ContextSidecarServicer(services.transcripts, services.memories, services.redactor, services.counters,
-                                      capability_document(settings.context, settings.memory),
+    servicer = ContextSidecarServicer(services.transcripts, services.memories, services.compactor, services.events,
+                                      services.redactor, services.counters,
+                                      capability_document(settings.context, settings.memory,
+                                                          settings.memory_compaction),
                                       TenantOf(settings.auth.tenants))
     add_servicer_to_server(servicer, server, in_flight.track if in_flight else lambda behavior: behavior)
     health_servicer = health.HealthServicer()
@@ -136,11 +145,16 @@ def serve(settings: Settings, ready: threading.Event | None = None) -> int:
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
     start(server, health_servicer)
+    job = BackgroundJob(services.compactor, settings.memory_compaction.interval_seconds) if services.compactor else None
+    if job:
+        job.start()
     # One line on stdout that a supervisor or test can wait for (it names the port chosen for :0).
     print(f"context-sidecar serving on {bound_address(settings.server.listen, port)}", flush=True)
     if ready is not None:
         ready.set()
     stopping.wait()
+    if job:
+        job.stop()  # a round in progress finishes: each compaction is one transaction
     health_servicer.enter_graceful_shutdown()
     grace = settings.server.grace_seconds
     stopped = server.stop(grace)  # refuses new calls from now on

@@ -10,22 +10,25 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Callable
+import queue
+from typing import Any, Callable, Iterator
 
 import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool, message, message_factory
 
 from sidecar.counting import Counters
-from sidecar.errors import Unauthenticated
+from sidecar.compaction import Compactor
+from sidecar.errors import CompactionDisabled, SidecarError, Unauthenticated
+from sidecar.events import Event, EventLog
 from sidecar.memory import ListRequest, Memories, MemoryList
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
 from sidecar.records import StoredEvent
 from sidecar.redaction import Redactor
 from sidecar.settings import TenantCredential
-from sidecar.status import answers_errors
+from sidecar.status import answers_errors, to_status
 from sidecar.transcript import AppendResult, NewEvent, RunSettings, SummaryRequest, Transcripts, TranscriptWindow
-from sidecar.validation import check_id
+from sidecar.validation import check_at_least, check_id
 
 # With no tenants configured, every call belongs to this one tenant.
 DEFAULT_TENANT = "default"
@@ -137,11 +140,18 @@ class TenantOf:
         raise Unauthenticated("the call carries no 'authorization: Bearer <token>' metadata")
 
 
+def _notice(event: Event) -> pb.EventNotice:
+    return pb.EventNotice(seq=event.seq, type=event.type, json=event.json())
+
+
 class ContextSidecarServicer(pb_grpc.ContextSidecarServicer):
-    def __init__(self, transcripts: Transcripts, memories: Memories, redactor: Redactor, counters: Counters,
-                 capabilities: dict, tenant_of: Callable[[grpc.ServicerContext], str]) -> None:
+    def __init__(self, transcripts: Transcripts, memories: Memories, compactor: Compactor | None, events: EventLog,
+                 redactor: Redactor, counters: Counters, capabilities: dict,
+                 tenant_of: Callable[[grpc.ServicerContext], str]) -> None:
         self._transcripts = transcripts
         self._memories = memories
+        self._compactor = compactor  # None: compaction is off
+        self._events = events
         self._redactor = redactor
         self._counters = counters
         self._capabilities_json = json.dumps(capabilities, separators=(",", ":"))
@@ -265,6 +275,42 @@ class ContextSidecarServicer(pb_grpc.ContextSidecarServicer):
         return pb.ForgetSecretsResponse(forgotten=self._redactor.forget(tenant, request.run_id, list(request.secret_ids)))
 
     @answers_errors
+    def CompactMemory(self, request: pb.CompactMemoryRequest, context: grpc.ServicerContext) -> pb.CompactMemoryResponse:
+        tenant = self._tenant(context)
+        if self._compactor is None:
+            raise CompactionDisabled("memory compaction is off ([memory.compaction] enabled)")
+        outcome = self._compactor.compact(tenant, request.memory_ref, list(request.source_ids), request.summary_text,
+                                          _optional(request, "token_budget"))
+        return pb.CompactMemoryResponse(compaction_id=outcome.compaction_id, output_id=outcome.output_id,
+                                        source_count=outcome.source_count, event=_notice(outcome.event),
+                                        created=outcome.created)
+
+    @answers_errors
+    def ListMemoryEvents(self, request: pb.ListMemoryEventsRequest,
+                         context: grpc.ServicerContext) -> pb.ListMemoryEventsResponse:
+        tenant = self._tenant(context)
+        check_at_least("since_seq", request.since_seq, 0)
+        check_at_least("limit", request.limit, 0)
+        events = self._events.list(tenant, request.since_seq, request.memory_ref, min(request.limit or 100, 1000))
+        return pb.ListMemoryEventsResponse(events=[_notice(e) for e in events])
+
+    def WatchEvents(self, request: pb.WatchEventsRequest, context: grpc.ServicerContext) -> Iterator[pb.EventNotice]:
+        try:
+            tenant = self._tenant(context)
+        except SidecarError as error:
+            context.abort_with_status(to_status(error))
+        watch = self._events.watch(tenant, request.types)
+        context.add_callback(lambda: self._events.unwatch(watch))  # the caller cancelled or went away
+        while context.is_active() and not watch.closed:
+            try:
+                event = watch.queue.get(timeout=1.0)
+            except queue.Empty:
+                continue
+            if event is None:
+                return
+            yield _notice(event)
+
+    @answers_errors
     def GetCapabilities(self, request: pb.GetCapabilitiesRequest,
                         context: grpc.ServicerContext) -> pb.GetCapabilitiesResponse:
         self._tenant(context)
@@ -284,8 +330,12 @@ def add_servicer_to_server(servicer: ContextSidecarServicer, server: grpc.Server
     handlers: dict[str, grpc.RpcMethodHandler] = {}
     for method in service.methods:
         request_type: Callable[..., Any] = getattr(pb, method.input_type.name)
-        handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-            wrap(getattr(servicer, method.name)), request_deserializer=request_type.FromString,
-            response_serializer=_serialize)
+        behavior = getattr(servicer, method.name)
+        if method.server_streaming:  # long-lived (WatchEvents): not an in-flight call to wait for
+            handlers[method.name] = grpc.unary_stream_rpc_method_handler(
+                behavior, request_deserializer=request_type.FromString, response_serializer=_serialize)
+        else:
+            handlers[method.name] = grpc.unary_unary_rpc_method_handler(
+                wrap(behavior), request_deserializer=request_type.FromString, response_serializer=_serialize)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
     server.add_registered_method_handlers(service.full_name, handlers)

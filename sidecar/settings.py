@@ -108,6 +108,27 @@ class MemorySettings:
 
 
 @dataclass(frozen=True)
+class MemoryCompactionSettings:
+    """``[memory.compaction]``: distilling many memory entries into one (RFC 0012)."""
+
+    enabled: bool = _option(
+        False, "run the background compaction job (host-managed trigger) and advertise memory.compaction",
+        flag="--compaction-enabled")
+    interval_seconds: float = _option(300.0, "how often the background job runs a round",
+                                      flag="--compaction-interval-seconds")
+    min_entries: int = _option(200, "a memory ref is compacted once it holds more live entries than this",
+                               flag="--compaction-min-entries", minimum=1)
+    keep_recent: int = _option(50, "the newest entries of a ref that compaction never takes",
+                               flag="--compaction-keep-recent", minimum=0)
+    max_input_entries: int = _option(1000, "the most entries one compaction distils (maxInputEntries)",
+                                     flag="--compaction-max-input-entries", minimum=2)
+    max_output_bytes: int = _option(16 * 1024, "the largest distilled entry (maxOutputBytes)",
+                                    flag="--compaction-max-output-bytes", minimum=64, size=True)
+    token_budget: int = _option(2000, "the most tokens of a distilled entry, in the memory token counter",
+                                flag="--compaction-token-budget", minimum=1)
+
+
+@dataclass(frozen=True)
 class RedactionSettings:
     detectors: bool = _option(
         True, "redact credential shapes that need no registration (API keys, tokens, JWTs, private keys)")
@@ -133,13 +154,15 @@ class Settings:
     storage: StorageSettings = field(default_factory=StorageSettings)
     context: ContextSettings = field(default_factory=ContextSettings)
     memory: MemorySettings = field(default_factory=MemorySettings)
+    memory_compaction: MemoryCompactionSettings = field(default_factory=MemoryCompactionSettings)
     redaction: RedactionSettings = field(default_factory=RedactionSettings)
     auth: AuthSettings = field(default_factory=AuthSettings)
 
 
+# A dotted name is a TOML subtable ([memory.compaction]) and the attribute memory_compaction.
 SECTIONS: dict[str, type] = {
     "server": ServerSettings, "storage": StorageSettings, "context": ContextSettings,
-    "memory": MemorySettings, "redaction": RedactionSettings}
+    "memory": MemorySettings, "memory.compaction": MemoryCompactionSettings, "redaction": RedactionSettings}
 _TENANT_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 
@@ -159,7 +182,7 @@ def flag_name(section: str, option: dataclasses.Field) -> str:
 
 
 def env_name(section: str, key: str) -> str:
-    return f"{ENV_PREFIX}{section.upper()}_{key.upper()}"
+    return f"{ENV_PREFIX}{section.upper().replace('.', '_')}_{key.upper()}"
 
 
 def _coerce(section: str, option: dataclasses.Field, value: Any, source: str) -> Any:
@@ -228,12 +251,17 @@ def load_settings(config_path: str | None = None, env: Mapping[str, str] | None 
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {config_path}: not valid TOML: {exc}") from None
         tenants = _tenants(document.pop("auth", {}), config_path)
-        for section, table in document.items():
+        tables = list(document.items())
+        while tables:
+            section, table = tables.pop(0)
             if section not in known:
                 raise ConfigError(f"config file {config_path}: unknown section [{section}]")
             if not isinstance(table, dict):
                 raise ConfigError(f"config file {config_path}: [{section}] must be a table")
             for key, value in table.items():
+                if isinstance(value, dict) and f"{section}.{key}" in known:
+                    tables.append((f"{section}.{key}", value))
+                    continue
                 if key not in known[section]:
                     raise ConfigError(f"config file {config_path}: unknown key [{section}] {key}")
                 values[section][key] = _coerce(section, known[section][key], value, config_path)
@@ -251,7 +279,7 @@ def load_settings(config_path: str | None = None, env: Mapping[str, str] | None 
         if value is not None:
             values[section][key] = _coerce(section, known[section][key], value, "command line")
 
-    settings = Settings(**{section: SECTIONS[section](**values[section]) for section in SECTIONS},
+    settings = Settings(**{section.replace(".", "_"): SECTIONS[section](**values[section]) for section in SECTIONS},
                         auth=AuthSettings(tenants))
     _check_relations(settings)
     return settings
@@ -302,6 +330,10 @@ def _check_listen(server: ServerSettings, tenants_configured: bool) -> None:
 
 def _check_relations(settings: Settings) -> None:
     _check_listen(settings.server, bool(settings.auth.tenants))
+    if settings.memory_compaction.max_output_bytes > settings.memory.max_entry_bytes:
+        raise ConfigError(
+            f"[memory.compaction] max_output_bytes ({settings.memory_compaction.max_output_bytes}) exceeds "
+            f"[memory] max_entry_bytes ({settings.memory.max_entry_bytes}): a distilled entry is an entry")
     storage = settings.storage
     if storage.max_map_size and storage.max_map_size < storage.map_size:
         raise ConfigError(

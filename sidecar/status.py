@@ -28,6 +28,8 @@ STATUS_BY_CODE: dict[str, grpc.StatusCode] = {
     "store_full": grpc.StatusCode.RESOURCE_EXHAUSTED,
     "replay_context_summary_unavailable": grpc.StatusCode.FAILED_PRECONDITION,
     "unauthenticated": grpc.StatusCode.UNAUTHENTICATED,
+    "aborted": grpc.StatusCode.ABORTED,
+    "compaction_disabled": grpc.StatusCode.FAILED_PRECONDITION,
     "internal": grpc.StatusCode.INTERNAL,
 }
 

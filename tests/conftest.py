@@ -14,8 +14,8 @@ from sidecar.counting import Counters
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
 from sidecar import server as server_module
 from sidecar.server import Services, build_server
-from sidecar.settings import (AuthSettings, ContextSettings, MemorySettings, ServerSettings, Settings, StorageSettings,
-                              TenantCredential)
+from sidecar.settings import (AuthSettings, ContextSettings, MemoryCompactionSettings, MemorySettings, ServerSettings,
+                              Settings, StorageSettings, TenantCredential)
 from sidecar.store import Store
 from sidecar.transcript import Transcripts
 
@@ -43,14 +43,14 @@ def make_transcripts(store: Store, counters: Counters):
 
 
 def settings_for(tmp_path: Path, storage: dict | None = None, memory: dict | None = None,
-                 tenants: dict[str, str] | None = None, **context: object) -> Settings:
+                 tenants: dict[str, str] | None = None, compaction: dict | None = None, **context: object) -> Settings:
     """``tenants``: tenant id -> bearer token (the settings keep only its SHA-256)."""
     credentials = tuple(TenantCredential(tenant, hashlib.sha256(token.encode()).hexdigest())
                         for tenant, token in (tenants or {}).items())
     return Settings(server=ServerSettings(listen="127.0.0.1:0"),
                     storage=StorageSettings(path=str(tmp_path / "lmdb"), **{"map_size": 16 << 20, **(storage or {})}),
                     context=ContextSettings(**context), memory=MemorySettings(**(memory or {})),
-                    auth=AuthSettings(credentials))
+                    memory_compaction=MemoryCompactionSettings(**(compaction or {})), auth=AuthSettings(credentials))
 
 
 @dataclasses.dataclass
@@ -67,8 +67,8 @@ def start_server(tmp_path: Path, counters: Counters):
     started: list[tuple[grpc.Server, RunningServer]] = []
 
     def start_with(storage: dict | None = None, memory: dict | None = None, tenants: dict[str, str] | None = None,
-                   **context: object) -> RunningServer:
-        settings = settings_for(tmp_path / f"server{len(started)}", storage, memory, tenants, **context)
+                   compaction: dict | None = None, **context: object) -> RunningServer:
+        settings = settings_for(tmp_path / f"server{len(started)}", storage, memory, tenants, compaction, **context)
         store = Store(settings.storage.path, settings.storage.map_size, settings.storage.max_map_size)
         services = Services.build(settings, store, counters)
         server, port, health_servicer = build_server(settings, services)

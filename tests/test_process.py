@@ -219,3 +219,74 @@ def test_acknowledged_writes_survive_kill_9(tmp_path: Path) -> None:
     assert set(acknowledged) <= set(batches), "an acknowledged batch was lost"
     assert all(count == 5 for count in batches.values()), "a batch was half-written"
     assert sorted(batches) == list(range(len(batches))), "batches land in order, without gaps"
+
+
+def test_compactions_are_all_or_nothing_across_kill_9(tmp_path: Path) -> None:
+    """Puts and compactions (the background job's and requested ones) run until SIGKILL lands at
+    a random moment; after a restart every compaction is whole or absent and every
+    acknowledged put is either there or accounted for by a compaction that took it."""
+    import json
+    import random
+
+    flags = ["--compaction-enabled", "--compaction-interval-seconds", "0.05", "--compaction-min-entries", "6",
+             "--compaction-keep-recent", "2", "--compaction-max-input-entries", "20"]
+    sidecar = Sidecar(tmp_path, *flags)
+    acknowledged: list[str] = []
+    stop = threading.Event()
+
+    def put_forever() -> None:
+        i = 0
+        while not stop.is_set():
+            try:
+                sidecar.stub.PutMemory(pb.PutMemoryRequest(memory_ref="mem:crash", entry_id=f"p{i}",
+                                                           content=f"Note {i}: the customer asked about order {i}."),
+                                       timeout=5)
+            except grpc.RpcError:
+                return
+            acknowledged.append(f"p{i}")
+            i += 1
+
+    def compact_forever() -> None:
+        while not stop.is_set():
+            try:
+                sidecar.stub.CompactMemory(pb.CompactMemoryRequest(memory_ref="mem:crash"), timeout=5)
+            except grpc.RpcError as error:
+                if error.code() == grpc.StatusCode.UNAVAILABLE:
+                    return
+            time.sleep(0.01)
+
+    threads = [threading.Thread(target=put_forever), threading.Thread(target=compact_forever)]
+    for thread in threads:
+        thread.start()
+    while len(acknowledged) < 40:
+        time.sleep(0.01)
+    time.sleep(random.uniform(0.05, 0.6))
+    sidecar.process.kill()
+    sidecar.process.wait(timeout=10)
+    stop.set()
+    for thread in threads:
+        thread.join(timeout=10)
+    sidecar.channel.close()
+
+    restarted = Sidecar(tmp_path)  # compaction off: the store stays as the crash left it
+    try:
+        stub = restarted.stub
+        events = [json.loads(e.json) for e in stub.ListMemoryEvents(
+            pb.ListMemoryEventsRequest(memory_ref="mem:crash", limit=1000)).events]
+        live = {e.id: e for e in stub.ListMemory(pb.ListMemoryRequest(memory_ref="mem:crash")).entries}
+    finally:
+        code, _ = restarted.stop()
+    assert code == 0
+    assert events, "compactions ran before the kill"
+    compacted = {source for event in events for source in event["sourceIds"]}
+    for position, event in enumerate(events):
+        assert not set(event["sourceIds"]) & set(live), "a compaction left a source behind"
+        later_sources = {s for later in events[position + 1:] for s in later["sourceIds"]}
+        assert event["outputId"] in live or event["outputId"] in later_sources, "a compaction lost its output"
+    known = {event["compactionId"] for event in events}
+    for entry in live.values():
+        for tag in entry.tags:
+            if tag.startswith("compacted-from:"):
+                assert tag.split(":", 1)[1] in known, "an output without its event"
+    lost = [put for put in acknowledged if put not in live and put not in compacted]
+    assert not lost, f"acknowledged puts lost: {lost[:5]}"

@@ -43,6 +43,18 @@ token_counter = "chars"
     assert settings.context.keep_last_turns == 3  # an absent flag hides nothing
 
 
+def test_nested_sections_from_file_environment_and_flags(tmp_path: Path) -> None:
+    config = write(tmp_path, "[memory]\nembeddings = false\n[memory.compaction]\nenabled = true\nmin_entries = 10\n")
+    settings = load_settings(config, env={"CONTEXT_SIDECAR_MEMORY_COMPACTION_KEEP_RECENT": "5"},
+                             overrides={("memory.compaction", "token_budget"): "300"})
+    compaction = settings.memory_compaction
+    assert (compaction.enabled, compaction.min_entries, compaction.keep_recent, compaction.token_budget) == (
+        True, 10, 5, 300)
+    assert settings.memory.embeddings is False
+    with pytest.raises(ConfigError, match="unknown key \\[memory.compaction\\] often"):
+        load_settings(write(tmp_path, "[memory.compaction]\noften = 1\n"), env={})
+
+
 def test_config_path_from_the_environment(tmp_path: Path) -> None:
     config = write(tmp_path, "[context]\ntranscript_window = 50\n")
     assert load_settings(env={"CONTEXT_SIDECAR_CONFIG": config}).context.transcript_window == 50

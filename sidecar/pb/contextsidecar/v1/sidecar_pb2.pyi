@@ -506,3 +506,61 @@ class ForgetSecretsResponse(_message.Message):
     FORGOTTEN_FIELD_NUMBER: _ClassVar[int]
     forgotten: int
     def __init__(self, forgotten: _Optional[int] = ...) -> None: ...
+
+class CompactMemoryRequest(_message.Message):
+    __slots__ = ("memory_ref", "source_ids", "summary_text", "token_budget")
+    MEMORY_REF_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_IDS_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_TEXT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    memory_ref: str
+    source_ids: _containers.RepeatedScalarFieldContainer[str]
+    summary_text: str
+    token_budget: int
+    def __init__(self, memory_ref: _Optional[str] = ..., source_ids: _Optional[_Iterable[str]] = ..., summary_text: _Optional[str] = ..., token_budget: _Optional[int] = ...) -> None: ...
+
+class CompactMemoryResponse(_message.Message):
+    __slots__ = ("compaction_id", "output_id", "source_count", "event", "created")
+    COMPACTION_ID_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_ID_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    EVENT_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    compaction_id: str
+    output_id: str
+    source_count: int
+    event: EventNotice
+    created: bool
+    def __init__(self, compaction_id: _Optional[str] = ..., output_id: _Optional[str] = ..., source_count: _Optional[int] = ..., event: _Optional[_Union[EventNotice, _Mapping]] = ..., created: _Optional[bool] = ...) -> None: ...
+
+class ListMemoryEventsRequest(_message.Message):
+    __slots__ = ("memory_ref", "since_seq", "limit")
+    MEMORY_REF_FIELD_NUMBER: _ClassVar[int]
+    SINCE_SEQ_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    memory_ref: str
+    since_seq: int
+    limit: int
+    def __init__(self, memory_ref: _Optional[str] = ..., since_seq: _Optional[int] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ListMemoryEventsResponse(_message.Message):
+    __slots__ = ("events",)
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[EventNotice]
+    def __init__(self, events: _Optional[_Iterable[_Union[EventNotice, _Mapping]]] = ...) -> None: ...
+
+class WatchEventsRequest(_message.Message):
+    __slots__ = ("types",)
+    TYPES_FIELD_NUMBER: _ClassVar[int]
+    types: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, types: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class EventNotice(_message.Message):
+    __slots__ = ("seq", "type", "json")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    JSON_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    type: str
+    json: str
+    def __init__(self, seq: _Optional[int] = ..., type: _Optional[str] = ..., json: _Optional[str] = ...) -> None: ...

@@ -124,6 +124,21 @@ class ContextSidecarStub:
                 request_serializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.ForgetSecretsRequest.SerializeToString,
                 response_deserializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.ForgetSecretsResponse.FromString,
                 _registered_method=True)
+        self.CompactMemory = channel.unary_unary(
+                '/contextsidecar.v1.ContextSidecar/CompactMemory',
+                request_serializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.CompactMemoryRequest.SerializeToString,
+                response_deserializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.CompactMemoryResponse.FromString,
+                _registered_method=True)
+        self.ListMemoryEvents = channel.unary_unary(
+                '/contextsidecar.v1.ContextSidecar/ListMemoryEvents',
+                request_serializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.ListMemoryEventsRequest.SerializeToString,
+                response_deserializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.ListMemoryEventsResponse.FromString,
+                _registered_method=True)
+        self.WatchEvents = channel.unary_stream(
+                '/contextsidecar.v1.ContextSidecar/WatchEvents',
+                request_serializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.WatchEventsRequest.SerializeToString,
+                response_deserializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.EventNotice.FromString,
+                _registered_method=True)
 
 
 class ContextSidecarServicer:
@@ -267,6 +282,31 @@ class ContextSidecarServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CompactMemory(self, request, context):
+        """Distil memory entries into one (RFC 0012, trigger "client-requested"): the given sources,
+        or the background job's candidates; the host's summary_text, or the built-in extractive
+        distiller. One transaction: the distilled entry in (redacted like any put), the sources and
+        their index entries out, a memory.compacted event kept. FAILED_PRECONDITION /
+        token_budget_exceeded, writing nothing, when the output cannot fit the budget.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListMemoryEvents(self, request, context):
+        """The tenant's kept events (memory.compacted), after a seq, of one memory ref if named.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchEvents(self, request, context):
+        """New events of the caller's tenant, live, until the caller cancels.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ContextSidecarServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -359,6 +399,21 @@ def add_ContextSidecarServicer_to_server(servicer, server):
                     servicer.ForgetSecrets,
                     request_deserializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.ForgetSecretsRequest.FromString,
                     response_serializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.ForgetSecretsResponse.SerializeToString,
+            ),
+            'CompactMemory': grpc.unary_unary_rpc_method_handler(
+                    servicer.CompactMemory,
+                    request_deserializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.CompactMemoryRequest.FromString,
+                    response_serializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.CompactMemoryResponse.SerializeToString,
+            ),
+            'ListMemoryEvents': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListMemoryEvents,
+                    request_deserializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.ListMemoryEventsRequest.FromString,
+                    response_serializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.ListMemoryEventsResponse.SerializeToString,
+            ),
+            'WatchEvents': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchEvents,
+                    request_deserializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.WatchEventsRequest.FromString,
+                    response_serializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.EventNotice.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -847,6 +902,87 @@ class ContextSidecar:
             '/contextsidecar.v1.ContextSidecar/ForgetSecrets',
             sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.ForgetSecretsRequest.SerializeToString,
             sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.ForgetSecretsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CompactMemory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/contextsidecar.v1.ContextSidecar/CompactMemory',
+            sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.CompactMemoryRequest.SerializeToString,
+            sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.CompactMemoryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListMemoryEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/contextsidecar.v1.ContextSidecar/ListMemoryEvents',
+            sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.ListMemoryEventsRequest.SerializeToString,
+            sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.ListMemoryEventsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/contextsidecar.v1.ContextSidecar/WatchEvents',
+            sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.WatchEventsRequest.SerializeToString,
+            sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.EventNotice.FromString,
             options,
             channel_credentials,
             insecure,

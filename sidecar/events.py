@@ -1,0 +1,109 @@
+"""Events the sidecar emits for operators, per tenant: kept (``memory.compacted``) and delivered
+live to watchers (``memory.compacted``, ``context.summarized``).
+
+An event is appended inside the transaction that did what it reports, so it exists exactly
+when that did; watchers hear of it only after the commit.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Iterable
+
+import lmdb
+
+from sidecar.store import Store, scope
+
+MAX_WATCH_BACKLOG = 10_000  # a watcher that falls this far behind is dropped, not the sidecar
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    seq: int  # per tenant, increasing
+    type: str
+    payload: dict[str, Any]  # the event as its RFC defines it (it carries "type" too)
+
+    def json(self) -> str:
+        return json.dumps(self.payload, separators=(",", ":"))
+
+
+def timestamp(ms: int) -> str:
+    """RFC 0012's ts: ISO 8601, UTC, milliseconds."""
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
+
+
+class Watch:
+    """One watcher's queue of events; closed when the watcher leaves or falls too far behind."""
+
+    def __init__(self, tenant: str, types: frozenset[str]) -> None:
+        self.tenant, self.types = tenant, types
+        self.queue: queue.Queue[Event | None] = queue.Queue(MAX_WATCH_BACKLOG)
+        self.closed = False
+
+
+class EventLog:
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._db = store.db["tenant_events"]
+        self._lock = threading.Lock()
+        self._watches: list[Watch] = []
+
+    def append(self, txn: lmdb.Transaction, tenant: str, payload: dict[str, Any]) -> Event:
+        """Keep the event in the caller's write transaction; :meth:`publish` it after the commit."""
+        prefix = scope(tenant)
+        cursor = txn.cursor(db=self._db)
+        # The tenant's last event: just before the first key past its prefix.
+        at_last = cursor.prev() if cursor.set_range(prefix + b"\xff" * 8) else cursor.last()
+        seq = int.from_bytes(cursor.key()[len(prefix):], "big") + 1 if at_last and cursor.key().startswith(prefix) else 1
+        event = Event(seq, payload["type"], payload)
+        txn.put(prefix + seq.to_bytes(8, "big"), event.json().encode("utf-8"), db=self._db)
+        return event
+
+    def list(self, tenant: str, since: int = 0, memory_ref: str = "", limit: int = 1000) -> list[Event]:
+        """The tenant's kept events after seq ``since``, oldest first, of one memory ref if named."""
+        prefix = scope(tenant)
+        events: list[Event] = []
+        with self._store.read() as txn:
+            cursor = txn.cursor(db=self._db)
+            if not cursor.set_range(prefix + (since + 1).to_bytes(8, "big")):
+                return events
+            for key, value in cursor:
+                if not key.startswith(prefix) or len(events) >= limit:
+                    break
+                payload = json.loads(value)
+                if not memory_ref or payload.get("memoryRef") == memory_ref:
+                    events.append(Event(int.from_bytes(key[len(prefix):], "big"), payload["type"], payload))
+        return events
+
+    def watch(self, tenant: str, types: Iterable[str]) -> Watch:
+        watch = Watch(tenant, frozenset(types))
+        with self._lock:
+            self._watches.append(watch)
+        return watch
+
+    def unwatch(self, watch: Watch) -> None:
+        with self._lock:
+            if watch in self._watches:
+                self._watches.remove(watch)
+        watch.closed = True
+        try:
+            watch.queue.put_nowait(None)  # wakes a reader blocked on the queue
+        except queue.Full:
+            pass
+
+    def publish(self, tenant: str, events: Iterable[Event]) -> None:
+        """Deliver committed events to the tenant's watchers (and no one else's)."""
+        with self._lock:
+            watches = [w for w in self._watches if w.tenant == tenant]
+        for event in events:
+            for watch in watches:
+                if watch.types and event.type not in watch.types:
+                    continue
+                try:
+                    watch.queue.put_nowait(event)
+                except queue.Full:
+                    self.unwatch(watch)
