@@ -4,6 +4,7 @@ provenance, SR-1 carry-forward, tenant isolation, determinism."""
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from pathlib import Path
@@ -70,6 +71,8 @@ def test_client_requested_compaction_with_the_built_in_distiller(acme) -> None:
     assert event["byteSize"] == len(output.content.encode()) and event["distillation"]["tokensUsed"] == output.tokens
     assert output.tokens <= 600 and output.content.startswith("Distilled from 6 memory entries")
     assert f"compacted-from:{done.compaction_id}" in output.tags
+    assert [t for t in output.tags if t.startswith("compacted-from")] == [f"compacted-from:{done.compaction_id}"]
+    assert re.match(r"^compacted-from:[^\s:][^\s]*$", f"compacted-from:{done.compaction_id}")
     assert {f"topic-{t}" for t in TOPICS} <= set(output.tags), "the union of the sources' tags"
     for i in range(6):  # the sources are gone
         assert call_error(acme.GetMemory, pb.GetMemoryRequest(memory_ref=REF, entry_id=f"n{i}"))[0] == \
