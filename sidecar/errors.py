@@ -78,3 +78,9 @@ class Aborted(SidecarError):
 
 class CompactionDisabled(SidecarError):
     code = "compaction_disabled"
+
+
+class WatchFellBehind(SidecarError):
+    """A WatchEvents caller read too slowly; it resumes from the kept log."""
+
+    code = "watch_fell_behind"

@@ -12,10 +12,11 @@ import queue
 import threading
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import lmdb
 
+from sidecar.errors import WatchFellBehind
 from sidecar.store import Store, scope
 
 MAX_WATCH_BACKLOG = 10_000  # a watcher that falls this far behind is dropped, not the sidecar
@@ -37,12 +38,35 @@ def timestamp(ms: int) -> str:
 
 
 class Watch:
-    """One watcher's queue of events; closed when the watcher leaves or falls too far behind."""
+    """One watcher's queue of events; closed when the watcher leaves, the sidecar stops, or the
+    watcher falls too far behind."""
 
     def __init__(self, tenant: str, types: frozenset[str]) -> None:
         self.tenant, self.types = tenant, types
         self.queue: queue.Queue[Event | None] = queue.Queue(MAX_WATCH_BACKLOG)
         self.closed = False
+        self.fell_behind = False
+
+    def events(self, active: Callable[[], bool]) -> Iterator[Event]:
+        """The events queued for this watcher, as they come, until it is closed (everything queued
+        before that is still delivered) or ``active()`` turns false. A watcher that fell behind
+        gets :class:`WatchFellBehind` after its backlog: the events it missed are in the log."""
+        last_seq = 0
+        while active():
+            try:
+                event = self.queue.get(timeout=1.0)  # wakes to re-check active(): the caller may be gone
+            except queue.Empty:
+                if self.closed:  # closed while the queue was full: no end marker fitted
+                    break
+                continue
+            if event is None:
+                break
+            last_seq = event.seq
+            yield event
+        if self.fell_behind:
+            raise WatchFellBehind(f"this watch fell {MAX_WATCH_BACKLOG} events behind and was closed; the "
+                                  f"events after seq {last_seq} are in ListMemoryEvents (since_seq)",
+                                  metadata={"last_seq": str(last_seq)})
 
 
 class EventLog:
@@ -95,6 +119,13 @@ class EventLog:
         except queue.Full:
             pass
 
+    def close_watches(self) -> None:
+        """End every watch (the sidecar is stopping): each stream returns after what it was sent."""
+        with self._lock:
+            watches = list(self._watches)
+        for watch in watches:
+            self.unwatch(watch)
+
     def publish(self, tenant: str, events: Iterable[Event]) -> None:
         """Deliver committed events to the tenant's watchers (and no one else's)."""
         with self._lock:
@@ -106,4 +137,5 @@ class EventLog:
                 try:
                     watch.queue.put_nowait(event)
                 except queue.Full:
+                    watch.fell_behind = True
                     self.unwatch(watch)

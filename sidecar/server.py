@@ -3,13 +3,14 @@ registered under names read from the descriptors, SIGTERM handled gracefully."""
 
 from __future__ import annotations
 
+import inspect
 import logging
 import signal
 import threading
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -64,24 +65,41 @@ class Services:
 
 class InFlightCalls:
     """Counts the sidecar's calls being served, so a shutdown can wait for exactly those (and not
-    for long-lived health Watch streams, which would hold every stop for the full grace period)."""
+    for long-lived health Watch streams, which would hold every stop for the full grace period).
+    A WatchEvents stream counts until its last message: a stop closes the watches first, so they
+    end with OK rather than being cut off."""
 
     def __init__(self) -> None:
         self._idle = threading.Condition()
         self._count = 0
 
     def track(self, behavior: Callable[[Any, grpc.ServicerContext], Any]) -> Callable[[Any, grpc.ServicerContext], Any]:
+        if inspect.isgeneratorfunction(behavior):
+            def tracked_stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+                self._enter()
+                try:
+                    yield from behavior(request, context)
+                finally:
+                    self._leave()
+            return tracked_stream
+
         def tracked(request: Any, context: grpc.ServicerContext) -> Any:
-            with self._idle:
-                self._count += 1
+            self._enter()
             try:
                 return behavior(request, context)
             finally:
-                with self._idle:
-                    self._count -= 1
-                    if not self._count:
-                        self._idle.notify_all()
+                self._leave()
         return tracked
+
+    def _enter(self) -> None:
+        with self._idle:
+            self._count += 1
+
+    def _leave(self) -> None:
+        with self._idle:
+            self._count -= 1
+            if not self._count:
+                self._idle.notify_all()
 
     def wait_idle(self, timeout: float) -> bool:
         with self._idle:
@@ -158,6 +176,7 @@ def serve(settings: Settings, ready: threading.Event | None = None) -> int:
     health_servicer.enter_graceful_shutdown()
     grace = settings.server.grace_seconds
     stopped = server.stop(grace)  # refuses new calls from now on
+    services.events.close_watches()  # each WatchEvents stream ends with OK: the host re-watches elsewhere
     if not in_flight.wait_idle(grace):
         log.warning("calls still running after the %.1f s grace period are cancelled", grace)
     server.stop(0)  # ends what is left: health Watch streams, or calls past the grace period

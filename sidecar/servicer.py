@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import queue
 from typing import Any, Callable, Iterator
 
 import grpc
@@ -301,14 +300,14 @@ class ContextSidecarServicer(pb_grpc.ContextSidecarServicer):
             context.abort_with_status(to_status(error))
         watch = self._events.watch(tenant, request.types)
         context.add_callback(lambda: self._events.unwatch(watch))  # the caller cancelled or went away
-        while context.is_active() and not watch.closed:
-            try:
-                event = watch.queue.get(timeout=1.0)
-            except queue.Empty:
-                continue
-            if event is None:
-                return
-            yield _notice(event)
+        # Headers now, before any event: a caller that waits for them knows that every event
+        # committed from then on reaches it (otherwise it could not tell when the watch began).
+        context.send_initial_metadata(())
+        try:
+            for event in watch.events(context.is_active):
+                yield _notice(event)
+        except SidecarError as error:
+            context.abort_with_status(to_status(error))
 
     @answers_errors
     def GetCapabilities(self, request: pb.GetCapabilitiesRequest,
@@ -331,9 +330,9 @@ def add_servicer_to_server(servicer: ContextSidecarServicer, server: grpc.Server
     for method in service.methods:
         request_type: Callable[..., Any] = getattr(pb, method.input_type.name)
         behavior = getattr(servicer, method.name)
-        if method.server_streaming:  # long-lived (WatchEvents): not an in-flight call to wait for
+        if method.server_streaming:
             handlers[method.name] = grpc.unary_stream_rpc_method_handler(
-                behavior, request_deserializer=request_type.FromString, response_serializer=_serialize)
+                wrap(behavior), request_deserializer=request_type.FromString, response_serializer=_serialize)
         else:
             handlers[method.name] = grpc.unary_unary_rpc_method_handler(
                 wrap(behavior), request_deserializer=request_type.FromString, response_serializer=_serialize)

@@ -30,6 +30,7 @@ STATUS_BY_CODE: dict[str, grpc.StatusCode] = {
     "unauthenticated": grpc.StatusCode.UNAUTHENTICATED,
     "aborted": grpc.StatusCode.ABORTED,
     "compaction_disabled": grpc.StatusCode.FAILED_PRECONDITION,
+    "watch_fell_behind": grpc.StatusCode.RESOURCE_EXHAUSTED,
     "internal": grpc.StatusCode.INTERNAL,
 }
 

@@ -14,6 +14,7 @@ import jsonschema
 import pytest
 
 from sidecar.compaction import Compactor, distil
+from sidecar.errors import WatchFellBehind
 from sidecar.events import EventLog
 from sidecar.memory import Memories
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
@@ -209,10 +210,11 @@ def test_events_are_the_tenants_own_and_arrive_live(sidecar, acme) -> None:
         except grpc.RpcError:
             pass  # cancelled at the end of the test
 
+    for stream in streams.values():
+        stream.initial_metadata()  # the headers come once the watch is registered
     threads = [threading.Thread(target=follow, args=(name,), daemon=True) for name in streams]
     for thread in threads:
         thread.start()
-    time.sleep(0.3)  # both watches are registered
     fill(acme, 4)
     done = acme.CompactMemory(pb.CompactMemoryRequest(memory_ref=REF, source_ids=["n0", "n1"]))
     deadline = time.monotonic() + 5
@@ -241,3 +243,41 @@ def test_the_capability_when_on(acme) -> None:
     jsonschema.validate(document, json.loads((SCHEMAS / "capabilities.schema.json").read_text()))
     assert document["memory"]["compaction"] == {"supported": True, "trigger": "both", "maxInputEntries": 50,
                                                 "maxOutputBytes": 16384}
+
+
+def _keep(store: Store, events: EventLog, count: int, tenant: str = "acme") -> list:
+    def write(txn):
+        return [events.append(txn, tenant, {"type": "memory.compacted", "memoryRef": REF, "n": i})
+                for i in range(count)]
+    return store.write(write)
+
+
+def test_a_watch_that_falls_behind_gets_its_backlog_then_an_error_naming_where_to_resume(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("sidecar.events.MAX_WATCH_BACKLOG", 3)
+    store = Store(str(tmp_path / "db"), map_size=1 << 24)
+    events = EventLog(store)
+    slow, other = events.watch("acme", ["memory.compacted"]), events.watch("globex", [])
+    kept = _keep(store, events, 5)
+    events.publish("acme", kept)
+    delivered = []
+    with pytest.raises(WatchFellBehind) as raised:
+        for event in slow.events(lambda: True):
+            delivered.append(event)
+    assert [e.seq for e in delivered] == [1, 2, 3]
+    assert raised.value.metadata == {"last_seq": "3"}
+    assert [e.seq for e in events.list("acme", since=3)] == [4, 5], "what it missed is in the log"
+    assert other.queue.empty() and not other.closed, "another tenant's watch heard nothing"
+    store.close()
+
+
+def test_closing_the_watches_delivers_what_was_queued_then_ends_without_error(tmp_path: Path) -> None:
+    store = Store(str(tmp_path / "db"), map_size=1 << 24)
+    events = EventLog(store)
+    watch = events.watch("acme", [])
+    events.publish("acme", _keep(store, events, 2))
+    events.close_watches()
+    assert [e.seq for e in watch.events(lambda: True)] == [1, 2]
+    events.publish("acme", _keep(store, events, 1))
+    assert list(watch.events(lambda: True)) == [], "a closed watch hears nothing more"
+    store.close()

@@ -171,6 +171,18 @@ def test_sigterm_drains_in_flight_calls_and_exits_zero(tmp_path: Path) -> None:
     assert "received SIGTERM: draining" in stderr
 
 
+def test_sigterm_ends_open_event_watches_with_ok(tmp_path: Path) -> None:
+    sidecar = Sidecar(tmp_path, "--compaction-enabled", "--grace-seconds", "30")
+    watch = sidecar.stub.WatchEvents(pb.WatchEventsRequest())
+    watch.initial_metadata()  # registered
+    started = time.monotonic()
+    code, stderr = sidecar.stop(signal.SIGTERM)
+    assert list(watch) == []  # ends without an RpcError: the status is OK, not CANCELLED or INTERNAL
+    assert watch.code() == grpc.StatusCode.OK
+    assert code == 0, stderr
+    assert time.monotonic() - started < 10, "an open watch does not hold the stop for the grace period"
+
+
 def test_acknowledged_writes_survive_kill_9(tmp_path: Path) -> None:
     """A writer appends batches as fast as it can; kill -9 lands mid-stream. After a restart every
     acknowledged batch is there, whole, and no batch is there in part."""

@@ -46,6 +46,15 @@ const METHODS = {
   ListMemory: 'listMemory',
   RegisterSecrets: 'registerSecrets',
   ForgetSecrets: 'forgetSecrets',
+  CompactMemory: 'compactMemory',
+  ListMemoryEvents: 'listMemoryEvents',
+};
+
+// Server-streaming RPCs: the wrapper returns the grpc-js ClientReadableStream itself ('data' per
+// message, 'error' with a ServiceError, cancel() to stop), since a promise of one response
+// cannot carry a stream that runs until the caller cancels.
+const STREAMING_METHODS = {
+  WatchEvents: 'watchEvents',
 };
 
 /**
@@ -59,6 +68,7 @@ const METHODS = {
  *
  * Every wrapper takes the request object and optional { deadlineMs } and returns a promise of
  * the response; a failure rejects with the grpc-js ServiceError (its .code is a grpc.status).
+ * A streaming wrapper (STREAMING_METHODS) returns the call's readable stream instead.
  */
 function connect(address, { channelOptions = {}, token } = {}) {
   if (token != null && (typeof token !== 'string' || token === '')) {
@@ -88,7 +98,12 @@ function connect(address, { channelOptions = {}, token } = {}) {
           err ? reject(err) : resolve(response));
       });
   }
+  for (const [rpc, name] of Object.entries(STREAMING_METHODS)) {
+    // No deadline by default: a watch runs until the caller cancels it.
+    client[name] = (request = {}, { deadlineMs } = {}) =>
+      stub[rpc](request, callMetadata(), deadlineMs == null ? {} : { deadline: Date.now() + deadlineMs });
+  }
   return client;
 }
 
-module.exports = { connect, loadService, METHODS, PROTO_PATH, LOADER_OPTIONS, status: grpc.status };
+module.exports = { connect, loadService, METHODS, STREAMING_METHODS, PROTO_PATH, LOADER_OPTIONS, status: grpc.status };

@@ -17,6 +17,7 @@ const path = require('node:path');
 
 const { connect, METHODS, status } = require('../client');
 const { startSidecar, killSidecar } = require('./sidecar');
+const { assertStatus, rejection } = require('./assertions');
 
 const { codePoints, textGenerator } = require('./text');
 const sha256Hex = (text) => crypto.createHash('sha256').update(text, 'utf8').digest('hex');
@@ -122,22 +123,6 @@ function checkEntry(entry, record, where) {
   } else {
     assert.equal(entry.expires_at, null, `${where}: no expires_at without a ttl`);
   }
-}
-
-function assertStatus(err, code, fieldWord) {
-  assert.ok(err && typeof err.code === 'number', `expected a gRPC error, got ${err}`);
-  assert.equal(err.code, code, `status ${err.code} (${err.details}), expected ${code}`);
-  if (fieldWord) assert.ok(err.details.includes(fieldWord), `"${err.details}" names ${fieldWord}`);
-  return err;
-}
-
-async function rejection(promise) {
-  try {
-    await promise;
-  } catch (err) {
-    return err;
-  }
-  assert.fail('the call succeeded; an error status was expected');
 }
 
 // --- the test -------------------------------------------------------------------------------

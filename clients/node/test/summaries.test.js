@@ -14,8 +14,9 @@ const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
 
-const { connect, loadService, METHODS, status } = require('../client');
+const { connect, loadService, METHODS, STREAMING_METHODS, status } = require('../client');
 const { startSidecar, killSidecar } = require('./sidecar');
+const { assertStatus, rejection } = require('./assertions');
 
 const BUDGET = 600;
 const KEEP_LAST_TURNS = 2;
@@ -126,22 +127,6 @@ function replacedTokens(rec, id) {
 }
 
 // --- checks -------------------------------------------------------------------------------
-
-function assertStatus(err, code, fieldWord) {
-  assert.ok(err && typeof err.code === 'number', `expected a gRPC error, got ${err}`);
-  assert.equal(err.code, code, `status ${err.code} (${err.details}), expected ${code}`);
-  if (fieldWord) assert.ok(err.details.includes(fieldWord), `"${err.details}" names ${fieldWord}`);
-  return err;
-}
-
-async function rejection(promise) {
-  try {
-    await promise;
-  } catch (err) {
-    return err;
-  }
-  assert.fail('the call succeeded; an error status was expected');
-}
 
 async function listAll(client, runId) {
   const events = [];
@@ -367,8 +352,14 @@ describe('declared summarization over gRPC (Node.js client)', () => {
   });
 
   it('wraps every RPC of the service', () => {
-    assert.deepEqual(Object.keys(loadService().service).sort(), Object.keys(METHODS).sort());
-    for (const name of Object.values(METHODS)) assert.equal(typeof client[name], 'function', name);
+    const service = loadService().service;
+    assert.deepEqual(Object.keys(service).sort(), [...Object.keys(METHODS), ...Object.keys(STREAMING_METHODS)].sort());
+    // A unary wrapper resolves one response: it must not stand for a streaming RPC, nor the reverse.
+    for (const rpc of Object.keys(METHODS)) assert.equal(service[rpc].responseStream, false, rpc);
+    for (const rpc of Object.keys(STREAMING_METHODS)) assert.equal(service[rpc].responseStream, true, rpc);
+    for (const name of [...Object.values(METHODS), ...Object.values(STREAMING_METHODS)]) {
+      assert.equal(typeof client[name], 'function', name);
+    }
   });
 
   it('opens a run that accepts summaries', async () => {

@@ -15,6 +15,7 @@ const path = require('node:path');
 
 const { connect, status } = require('../client');
 const { startSidecar, killSidecar } = require('./sidecar');
+const { assertStatus, assertReason, rejection } = require('./assertions');
 
 const BUDGET = 2000;
 const TURNS = 40;
@@ -175,22 +176,6 @@ function checkWindow(resp, { iteration, budget, sent }) {
   let naiveStart = end;
   while (naiveStart > 0 && contentTokens(naiveStart - 1, end) <= budget) naiveStart -= 1;
   return { clipped, omitted: start, groupMovedCut: clipped === 0 && naiveStart < start };
-}
-
-function assertStatus(err, code, fieldWord) {
-  assert.ok(err && typeof err.code === 'number', `expected a gRPC error, got ${err}`);
-  assert.equal(err.code, code, `status ${err.code} (${err.details}), expected ${code}`);
-  if (fieldWord) assert.ok(err.details.includes(fieldWord), `"${err.details}" names ${fieldWord}`);
-  return err;
-}
-
-async function rejection(promise) {
-  try {
-    await promise;
-  } catch (err) {
-    return err;
-  }
-  assert.fail('the call succeeded; an error status was expected');
 }
 
 // --- the test -----------------------------------------------------------------------------
@@ -369,11 +354,9 @@ describe('context sidecar over gRPC (Node.js client)', () => {
 
   it('answers bad requests with gRPC statuses naming the field', async (t) => {
     if (!needsTurns(t)) return;
-    let err = assertStatus(await rejection(client.assembleContext({ run_id: RUN_ID, iteration: 0 })),
-      status.INVALID_ARGUMENT, 'iteration');
     // The rich details travel in the standard trailer (google.rpc.Status with ErrorInfo).
-    const details = err.metadata.get('grpc-status-details-bin')[0];
-    assert.ok(Buffer.isBuffer(details) && details.includes('validation_error'), 'ErrorInfo reason in details');
+    assertReason(assertStatus(await rejection(client.assembleContext({ run_id: RUN_ID, iteration: 0 })),
+      status.INVALID_ARGUMENT, 'iteration'), 'validation_error');
 
     assertStatus(await rejection(client.getTranscriptWindow({ run_id: 'no-such-run', iteration: 1 })),
       status.NOT_FOUND, 'no-such-run');
@@ -389,7 +372,7 @@ describe('context sidecar over gRPC (Node.js client)', () => {
       append_events: [{ event_id: 'late-1', role: 'user', content: 'x' },
         { event_id: 'late-2', iteration: TURNS + 2, role: 'user', content: 'y' }] })),
     status.INVALID_ARGUMENT, 'append_events[1].iteration');
-    err = assertStatus(await rejection(client.assembleContext({ run_id: RUN_ID, iteration: TURNS + 1,
+    const err = assertStatus(await rejection(client.assembleContext({ run_id: RUN_ID, iteration: TURNS + 1,
       append_events: [{ event_id: 'late-1', role: 'user', content: 'x' },
         { event_id: 'late-2', role: 'robot', content: 'y' }] })),
     status.INVALID_ARGUMENT, 'append_events[1].role');

@@ -301,7 +301,8 @@ class ContextSidecarServicer:
         raise NotImplementedError('Method not implemented!')
 
     def WatchEvents(self, request, context):
-        """New events of the caller's tenant, live, until the caller cancels.
+        """New events of the caller's tenant, live, until the caller cancels. The response headers
+        come as soon as the watch is registered: every event committed after them is delivered.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
