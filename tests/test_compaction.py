@@ -128,26 +128,39 @@ def test_bad_requests_write_nothing(acme, fields, field) -> None:
     assert len(live_ids(acme)) == 4 and not acme.ListMemoryEvents(pb.ListMemoryEventsRequest()).events
 
 
+SECRET = "carried-forward-secret-77"
+# Sources with a registered secret, a detected credential and the leaked forms RFC 0012 §D names.
+PLANTED = [f"uses {SECRET} to log in", f"key {DETECTED['openai_api_key']} in the config",
+           "a leaked [BYOK:sk-live-xyz] form", "an old <REDACTED:stripe> marker", "plain note five"]
+LEAKS = (SECRET, DETECTED["openai_api_key"], DETECTED["jwt"], "[BYOK:", "<REDACTED:")
+
+
+def plant(tenant: Tenant) -> list[str]:
+    tenant.RegisterSecrets(pb.RegisterSecretsRequest(secrets=[pb.Secret(secret_id="cf", value=SECRET)]))
+    for i, content in enumerate(PLANTED):
+        tenant.PutMemory(pb.PutMemoryRequest(memory_ref=REF, content=content, entry_id=f"s{i}"))
+    return [f"s{i}" for i in range(len(PLANTED))]
+
+
+def assert_nothing_leaked(sidecar, texts: list[str], events: list[str]) -> None:
+    """No plaintext secret or leaked form in the distilled entries, their events, or the store's file."""
+    stored = (Path(sidecar.services.store.env.path()) / "data.mdb").read_bytes()
+    for leaked in LEAKS:
+        assert all(leaked not in text for text in texts + events), leaked
+        assert leaked.encode() not in stored, leaked
+
+
 def test_sr1_is_carried_forward_into_distilled_entries(sidecar, acme) -> None:
-    secret = "carried-forward-secret-77"
-    acme.RegisterSecrets(pb.RegisterSecretsRequest(secrets=[pb.Secret(secret_id="cf", value=secret)]))
-    planted = [f"uses {secret} to log in", f"key {DETECTED['openai_api_key']} in the config",
-               "a leaked [BYOK:sk-live-xyz] form", "an old <REDACTED:stripe> marker", "plain note five"]
-    for i, content in enumerate(planted):
-        acme.PutMemory(pb.PutMemoryRequest(memory_ref=REF, content=content, entry_id=f"s{i}"))
+    plant(acme)
     built_in = acme.CompactMemory(pb.CompactMemoryRequest(memory_ref=REF, source_ids=["s0", "s1", "s2"]))
     hosts = acme.CompactMemory(pb.CompactMemoryRequest(
         memory_ref=REF, source_ids=["s3", "s4"],
-        summary_text=f"Summary: log in with {secret}, {DETECTED['jwt']}, [BYOK:abc] and <REDACTED:x>."))
+        summary_text=f"Summary: log in with {SECRET}, {DETECTED['jwt']}, [BYOK:abc] and <REDACTED:x>."))
     texts = [acme.GetMemory(pb.GetMemoryRequest(memory_ref=REF, entry_id=o.output_id)).content
              for o in (built_in, hosts)]
     assert "[REDACTED:cf]" in texts[0] and "[REDACTED:openai_api_key]" in texts[0]
     assert texts[1] == "Summary: log in with [REDACTED:cf], [REDACTED:jwt], [REDACTED:byok] and [REDACTED:x]."
-    events = [o.event.json for o in (built_in, hosts)]
-    stored = (Path(sidecar.services.store.env.path()) / "data.mdb").read_bytes()
-    for leaked in (secret, DETECTED["openai_api_key"], DETECTED["jwt"], "[BYOK:", "<REDACTED:"):
-        assert all(leaked not in text for text in texts + events)
-        assert leaked.encode() not in stored
+    assert_nothing_leaked(sidecar, texts, [o.event.json for o in (built_in, hosts)])
 
 
 def test_distilled_text_is_redacted_even_when_its_sources_were_not(tmp_path, counters) -> None:
@@ -176,7 +189,7 @@ def test_distillation_is_deterministic(counters) -> None:
     assert first != distil(counter, sources, 200, 16384)
 
 
-def test_the_background_job_compacts_by_itself(start_server) -> None:
+def test_the_background_job_compacts_by_itself_with_sr1_carried_forward(start_server) -> None:
     sidecar = start_server(tenants=TOKENS, memory={"token_counter": "chars"},
                            compaction={"enabled": True, "interval_seconds": 0.1, "min_entries": 5, "keep_recent": 2})
     acme = Tenant(sidecar.channel, TOKENS["acme"])
@@ -185,7 +198,8 @@ def test_the_background_job_compacts_by_itself(start_server) -> None:
     job = BackgroundJob(sidecar.services.compactor, 0.1)
     job.start()
     try:
-        fill(acme, 8)
+        planted = plant(acme)  # the oldest entries: the job takes them
+        fill(acme, 3)
         deadline = time.monotonic() + 10
         while not (events := acme.ListMemoryEvents(pb.ListMemoryEventsRequest(memory_ref=REF)).events):
             assert time.monotonic() < deadline, "the job never compacted"
@@ -194,7 +208,13 @@ def test_the_background_job_compacts_by_itself(start_server) -> None:
         job.stop()
     event = json.loads(events[0].json)
     jsonschema.validate(event, EVENT_SCHEMA)
-    assert event["trigger"] == "host-managed" and event["sourceCount"] == 6
+    assert event["trigger"] == "host-managed"
+    # The job may have run between two puts: it took the oldest entries beyond the newest 2 then.
+    assert event["sourceIds"] == (planted + ["n0", "n1", "n2"])[:event["sourceCount"]]
+    assert event["sourceCount"] >= 4
+    text = acme.GetMemory(pb.GetMemoryRequest(memory_ref=REF, entry_id=event["outputId"])).content
+    assert "[REDACTED:cf]" in text and "[REDACTED:openai_api_key]" in text and "[REDACTED:byok]" in text
+    assert_nothing_leaked(sidecar, [text], [e.json for e in events])
 
 
 def test_events_are_the_tenants_own_and_arrive_live(sidecar, acme) -> None:
