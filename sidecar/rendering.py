@@ -1,0 +1,360 @@
+"""Provider request bodies from an assembled context: OpenAI's Responses API and Anthropic's
+Messages API, as JSON text the host completes with ``model`` and its own options.
+
+The input is already assembled and provider-neutral: sections in their declared order, the
+run's tools, and the transcript window (history). What changes only with the profile (the
+static sections and the tools) is serialised once, by :func:`openai_static` or
+:func:`anthropic_static`, into fragments that are byte-identical whenever they are built from
+equal inputs, since providers' prompt caches hit only on identical prefixes. A turn then
+serialises its per-task sections and history items and joins strings.
+
+Both renderings describe the same conversation. History is read as alternating runs: the
+assistant's items, then everything else (user, system, tool). A tool result answers its call
+only from the run right after the assistant run holding the call; there all the results of
+the calls are gathered first, one output per call in call order (Anthropic requires this; the
+OpenAI body gets the same shape so it is valid under the strictest pairing too). A call with
+no result there gets a fixed placeholder output, because both APIs reject an unanswered call.
+A tool result anywhere else, or whose call is not in the history, is fed as plain text.
+Messages whose text is blank are dropped (Anthropic rejects blank text blocks; they carry
+nothing); tool calls and tool results never are.
+
+Pure: no I/O, standard library only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from json.encoder import encode_basestring  # the C encoder: json.dumps(s, ensure_ascii=False) for a str
+from typing import Sequence
+
+# Fed in place of what is missing, fixed so the same history always renders the same bytes.
+NO_RESULT = "(no result was recorded for this call)"
+CONTINUED = "(The conversation continues from earlier turns.)"
+NO_MESSAGES = "(No messages yet.)"
+
+_OTHER_ROLES = frozenset(("system", "user", "tool"))  # everyone's but the assistant's
+
+
+@dataclass(frozen=True, slots=True)
+class TextSection:
+    name: str  # "system_prompt", "participants", "agents", "skills_index" (static); "task", "plan", "skill:<name>"
+    stability: str  # "static" | "per_task" | "per_turn"
+    text: str  # already rendered, fed as is
+
+
+@dataclass(frozen=True, slots=True)
+class Tool:
+    name: str
+    description: str
+    parameters: dict  # the tool's input JSON schema (an object)
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryItem:
+    event_id: str
+    role: str  # "system" | "user" | "assistant" | "tool"
+    type: str  # free text: "message", "tool_call", "tool_result", "context.summary" ...
+    text: str  # exactly what is fed
+    call_id: str  # "" if none; ties a tool call to its result(s)
+    tool_name: str  # set on a tool call (role "assistant", call_id set): text is then its arguments
+    # The text as a JSON string, when the caller has it already (it caches them per event: a
+    # turn's window is mostly the previous turn's, and quoting is most of a rendering's cost).
+    quoted: str = ""
+
+
+def quote(text: str) -> str:
+    """``text`` as a JSON string (what json.dumps gives with ensure_ascii=False), by the C encoder."""
+    return encode_basestring(text)
+
+
+def quoted(item: HistoryItem) -> str:
+    return item.quoted or encode_basestring(item.text)
+
+
+@dataclass(frozen=True, slots=True)
+class OpenAIStatic:
+    """A profile's fixed parts of a Responses body: everything before the input items, and
+    everything after them up to the prompt cache key's value."""
+
+    head: str
+    tail: str
+
+
+@dataclass(frozen=True, slots=True)
+class AnthropicStatic:
+    """A profile's fixed prefix of a Messages body: the tools and the static system blocks, the
+    array left open for the per-task blocks."""
+
+    head: str
+    has_system_blocks: bool  # a per-task block after them needs a comma
+
+
+def _canonical(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True, allow_nan=False)
+
+
+def _sorted_tools(tools: Sequence[Tool]) -> list[tuple[Tool, str]]:
+    """The tools by name, each with its canonical schema. Two tools of one name would leave
+    their order to the caller's, so the bytes would depend on it (and providers refuse them)."""
+    ordered = sorted(tools, key=lambda tool: tool.name)
+    for before, after in zip(ordered, ordered[1:]):
+        if before.name == after.name:
+            raise ValueError(f"two tools are named {before.name!r}")
+    for tool in ordered:
+        if not isinstance(tool.parameters, dict):
+            raise ValueError(f"tool {tool.name!r}: parameters must be a JSON schema object")
+    return [(tool, _canonical(tool.parameters)) for tool in ordered]
+
+
+def canonical_tools_json(tools: Sequence[Tool]) -> str:
+    """The provider-neutral canonical tool list: sorted by name, keys sorted at every level."""
+    return "[" + ",".join('{"description":' + encode_basestring(tool.description) + ',"name":'
+                          + encode_basestring(tool.name) + ',"parameters":' + schema + "}"
+                          for tool, schema in _sorted_tools(tools)) + "]"
+
+
+def _static_texts(sections: Sequence[TextSection]) -> list[str]:
+    for section in sections:
+        if section.stability != "static":
+            raise ValueError(f"section {section.name!r} is {section.stability}, not static: it would change the "
+                             "cached prefix")
+    return [section.text for section in sections if not _blank(section.text)]
+
+
+def _blank(text: str) -> bool:
+    return not text or text.isspace()
+
+
+def openai_static(static_sections: Sequence[TextSection], tools: Sequence[Tool]) -> OpenAIStatic:
+    # Without static text the key is left out: an empty instructions string says nothing.
+    texts = _static_texts(static_sections)
+    head = ('{"instructions":' + encode_basestring("\n\n".join(texts)) + ',"input":[') if texts else '{"input":['
+    # strict is sent as false: the Responses API reads an omitted strict as "make the schema
+    # strict when it can", which turns every optional parameter into a required one.
+    rendered = ['{"type":"function","name":' + encode_basestring(tool.name) + ',"description":'
+                + encode_basestring(tool.description) + ',"parameters":' + schema + ',"strict":false}'
+                for tool, schema in _sorted_tools(tools)]
+    return OpenAIStatic(head, '],"tools":[' + ",".join(rendered) + '],"prompt_cache_key":')
+
+
+def anthropic_static(static_sections: Sequence[TextSection], tools: Sequence[Tool]) -> AnthropicStatic:
+    texts = _static_texts(static_sections)
+    rendered = ['{"name":' + encode_basestring(tool.name) + ',"description":' + encode_basestring(tool.description)
+                + ',"input_schema":' + schema + "}" for tool, schema in _sorted_tools(tools)]
+    blocks = [_TEXT_BLOCK + encode_basestring(text) + "}" for text in texts]
+    if blocks:
+        # One breakpoint, after the last static block, caches tools and static system together.
+        blocks[-1] = blocks[-1][:-1] + ',"cache_control":{"type":"ephemeral"}}'
+    return AnthropicStatic('{"tools":[' + ",".join(rendered) + '],"system":[' + ",".join(blocks), bool(blocks))
+
+
+# The history as turns --------------------------------------------------------------------------
+
+@dataclass(slots=True)
+class _Turn:
+    """A run of the assistant's items, or of everyone else's. ``items`` are (is_call, item) in
+    history order; an assistant turn's ``calls`` map each call's call_id, in call order, to the
+    results that answer it (found in the turn after it)."""
+
+    assistant: bool
+    items: list[tuple[bool, HistoryItem]]
+    calls: dict[str, list[HistoryItem]]
+
+
+def _turns(history: Sequence[HistoryItem]) -> list[_Turn]:
+    """``history`` as alternating turns, blank messages dropped, each result that answers a call
+    of the assistant turn just before it attached to that call."""
+    turns: list[_Turn] = []
+    called: set[str] = set()
+    turn: _Turn | None = None
+    calls: dict[str, list[HistoryItem]] = {}  # the latest assistant turn's
+    for item in history:
+        role = item.role
+        if role == "assistant":
+            call_id = item.call_id
+            # A call_id already called is fed as text: one id answering two calls is ambiguous,
+            # and both APIs refuse a repeated call id.
+            is_call = bool(call_id and item.tool_name) and call_id not in called
+            if not is_call and _blank(item.text):
+                continue
+            if turn is None or not turn.assistant:
+                calls = {}
+                turn = _Turn(True, [], calls)
+                turns.append(turn)
+            turn.items.append((is_call, item))
+            if is_call:
+                called.add(call_id)
+                calls[call_id] = []
+            continue
+        if role not in _OTHER_ROLES:
+            raise ValueError(f"history item {item.event_id!r}: unknown role {role!r}")
+        answers = calls.get(item.call_id) if role == "tool" else None
+        if answers is None and _blank(item.text):
+            continue
+        if turn is None or turn.assistant:
+            turn = _Turn(False, [], {})
+            turns.append(turn)
+        if answers is None:
+            turn.items.append((False, item))
+        else:
+            answers.append(item)
+    return turns
+
+
+# OpenAI Responses --------------------------------------------------------------------------------
+
+_OPENAI_ROLES = {"user": "user", "system": "developer", "tool": "user"}  # "tool": a result fed as text
+_OPENAI_MESSAGE = {role: '{"type":"message","role":"' + mapped + '","content":'
+                   for role, mapped in _OPENAI_ROLES.items()}
+_OPENAI_ASSISTANT = '{"type":"message","role":"assistant","content":'
+_OPENAI_DEVELOPER = '{"type":"message","role":"developer","content":'
+
+
+def openai_responses(static: OpenAIStatic, task_sections: Sequence[TextSection], history: Sequence[HistoryItem],
+                     prompt_cache_key: str) -> str:
+    """A Responses API request body: ``instructions`` (the static sections), ``input`` (the
+    per-task sections as developer messages, then the history), ``tools``,
+    ``prompt_cache_key`` and ``store: false``."""
+    # One flat list of pieces and one join at the end: the body is built in a single copy.
+    q = encode_basestring
+    out = [static.head]
+    add = out.append
+    separator = ""  # before each input item but the first
+    for section in task_sections:
+        if not _blank(section.text):
+            out += (separator, _OPENAI_DEVELOPER, q(section.text), "}")
+            separator = ","
+    for turn in _turns(history):
+        if not turn.assistant:
+            for _, item in turn.items:
+                out += (separator, _OPENAI_MESSAGE[item.role], quoted(item), "}")
+                separator = ","
+            continue
+        for is_call, item in turn.items:
+            if is_call:
+                out += (separator, '{"type":"function_call","call_id":', q(item.call_id), ',"name":',
+                        q(item.tool_name), ',"arguments":', quoted(item), "}")
+            else:
+                out += (separator, _OPENAI_ASSISTANT, quoted(item), "}")
+            separator = ","
+        for call_id, results in turn.calls.items():
+            out += (separator, '{"type":"function_call_output","call_id":', q(call_id), ',"output":')
+            if not results:
+                add(q(NO_RESULT))
+            elif len(results) == 1:
+                add(quoted(results[0]))
+            else:
+                # Each function_call takes exactly one output: several results become its parts.
+                parts = [result for result in results if result.text]
+                add("[" + ",".join('{"type":"input_text","text":' + quoted(part) + "}" for part in parts) + "]"
+                    if parts else '""')
+            add("}")
+    out += (static.tail, q(prompt_cache_key), ',"store":false}')
+    return "".join(out)
+
+
+# Anthropic Messages ------------------------------------------------------------------------------
+
+_TEXT_BLOCK = '{"type":"text","text":'
+_USER = '{"role":"user","content":['
+_ASSISTANT = '{"role":"assistant","content":['
+_TOOL_USE_ID = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def _reject_constant(name: str) -> object:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _tool_use_id(call_id: str) -> str:
+    """Anthropic accepts only ids of [A-Za-z0-9_-]; any other call_id is fed as a digest of
+    itself, the same in the call and in its result."""
+    if _TOOL_USE_ID.fullmatch(call_id):
+        return call_id
+    return "cs_" + hashlib.sha256(call_id.encode("utf-8")).hexdigest()[:32]
+
+
+def _arguments(item: HistoryItem) -> str:
+    """The tool call's arguments, checked to be one JSON object, as they are: the text parsed
+    as one, so it needs no re-serialisation."""
+    try:
+        # NaN and Infinity parse in Python but are not JSON, and the text is fed as it is.
+        arguments = json.loads(item.text, parse_constant=_reject_constant)
+    except ValueError as error:
+        raise ValueError(f"tool call {item.event_id!r}: its arguments are not a JSON object ({error})") from None
+    if not isinstance(arguments, dict):
+        raise ValueError(f"tool call {item.event_id!r}: its arguments are a JSON {type(arguments).__name__}, "
+                         "not an object")
+    return item.text
+
+
+def _tool_result(call_id: str, results: list[HistoryItem]) -> str:
+    head = '{"type":"tool_result","tool_use_id":' + encode_basestring(_tool_use_id(call_id))
+    if not results:
+        return head + ',"content":' + encode_basestring(NO_RESULT) + "}"
+    if len(results) == 1:
+        text = results[0].text
+        # Content is optional; a blank one is refused like a blank text block.
+        return head + "}" if _blank(text) else head + ',"content":' + quoted(results[0]) + "}"
+    # Each tool_use takes exactly one tool_result: several results become its text blocks.
+    parts = [_TEXT_BLOCK + quoted(r) + "}" for r in results if not _blank(r.text)]
+    return head + ',"content":[' + ",".join(parts) + "]}" if parts else head + "}"
+
+
+def anthropic_messages(static: AnthropicStatic, task_sections: Sequence[TextSection],
+                       history: Sequence[HistoryItem]) -> str:
+    """A Messages API request body: ``tools``, ``system`` (the static blocks, the last one a
+    cache breakpoint, then the per-task blocks) and ``messages`` (the history, alternating
+    user and assistant, starting with user).
+
+    System items (summaries included) are user-side text: Anthropic has no system role inside
+    messages, and keeping them in the history's place keeps everything after them cacheable.
+    A history ending with an assistant message is left so (the API reads it as a prefill), and
+    the API refuses tool calls in a body without tools: the run's tools belong in ``static``."""
+    # One flat list of pieces and one join at the end: the body is built in a single copy.
+    q = encode_basestring
+    out = [static.head]
+    separator = "," if static.has_system_blocks else ""
+    for section in task_sections:
+        if not _blank(section.text):
+            out += (separator, _TEXT_BLOCK, q(section.text), "}")
+            separator = ","
+    out.append('],"messages":[')
+    turns = _turns(history)
+    if not turns:
+        out += (_USER, _TEXT_BLOCK, q(NO_MESSAGES), "}]}")
+    elif turns[0].assistant:
+        out += (_USER, _TEXT_BLOCK, q(CONTINUED), "}]},")
+    owed: list[str] = []  # tool_results for the last assistant turn: first in the next user message
+    for position, turn in enumerate(turns):
+        if position:
+            out.append(",")
+        if not turn.assistant:
+            out.append(_USER)
+            separator = ""
+            if owed:
+                out.append(",".join(owed))
+                separator = ","
+                owed = []
+            for _, item in turn.items:
+                out += (separator, _TEXT_BLOCK, quoted(item), "}")
+                separator = ","
+            out.append("]}")
+            continue
+        out.append(_ASSISTANT)
+        separator = ""
+        for is_call, item in turn.items:
+            if is_call:
+                out += (separator, '{"type":"tool_use","id":', q(_tool_use_id(item.call_id)), ',"name":',
+                        q(item.tool_name), ',"input":', _arguments(item), "}")
+            else:
+                out += (separator, _TEXT_BLOCK, quoted(item), "}")
+            separator = ","
+        out.append("]}")
+        owed = [_tool_result(call_id, answers) for call_id, answers in turn.calls.items()]
+    if owed:  # the history ends with calls: their results (placeholders) make the last user message
+        out += (",", _USER, ",".join(owed), "]}")
+    out.append("]}")
+    return "".join(out)
