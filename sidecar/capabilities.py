@@ -8,13 +8,22 @@ from __future__ import annotations
 
 from typing import Any
 
+from sidecar import untrusted
 from sidecar.settings import ContextSettings, MemoryCompactionSettings, MemorySettings
 
 EXECUTION_MODEL_VERSION = 5  # RFC 0061's stateful loop, which contextBudget is gated on
 
 
+# The context-window capability: the declared order of the sections, by stability.
+SECTION_ORDER = {"static": ["system_prompt", "participants", "agents", "skills_index"],
+                 "perTask": ["task", "plan", "skill:<name>"],
+                 "perTurn": ["state_summary", "history", "tool_results"]}
+RENDERINGS = ["openai_responses", "anthropic_messages"]
+
+
 def capability_document(context: ContextSettings, memory: MemorySettings,
-                        compaction: MemoryCompactionSettings | None = None) -> dict[str, Any]:
+                        compaction: MemoryCompactionSettings | None = None,
+                        hooks: dict[str, str] | None = None, state_subsets: list[str] | None = None) -> dict[str, Any]:
     execution_model: dict[str, Any] = {"version": EXECUTION_MODEL_VERSION}
     if context.transcript_window:
         execution_model["transcriptWindow"] = context.transcript_window
@@ -35,8 +44,20 @@ def capability_document(context: ContextSettings, memory: MemorySettings,
         memory_block["compaction"] = {"supported": True, "trigger": "both",
                                       "maxInputEntries": compaction.max_input_entries,
                                       "maxOutputBytes": compaction.max_output_bytes}
+    context_window: dict[str, Any] = {
+        "supported": True, "sections": SECTION_ORDER, "renderings": RENDERINGS,
+        "modelWindowTokens": context.model_window_tokens, "compactionFraction": context.compaction_fraction,
+        # Who answers each compaction hook: "built-in", or the configured plugin's name.
+        "compactionHooks": hooks or {"trigger": "built-in", "keep": "built-in", "summarise": "built-in"},
+        "stateSchemas": state_subsets or [],
+        # How untrusted content is fed: <tag source="...">, the preamble line, the content, </tag>.
+        "untrustedBlock": {"tag": untrusted.KEYWORD, "preamble": untrusted.PREAMBLE},
+    }
+    if context.turn_budget_tokens:
+        context_window["turnBudgetTokens"] = context.turn_budget_tokens
     return {
         "multiAgent": {"executionModel": execution_model},
+        "contextWindow": context_window,
         # RFC 0004 memory, RFC 0113 injectionBudget. RFC 0113 ties rank 'relevance' to a semantic
         # memory.search; this sidecar says which modes it really serves: lexical (BM25) always,
         # semantic (cosine over host-supplied embeddings) when embeddings are on.

@@ -54,6 +54,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         return serve(settings)
+    except ConfigError as error:  # found once the domain opens: a plugin or a state schema
+        print(f"context-sidecar: configuration error: {error}", file=sys.stderr)
+        return 2
     except (EncodingIntegrityError, OSError, lmdb.Error) as error:
         print(f"context-sidecar: cannot start: {error}", file=sys.stderr)
         return 3

@@ -84,3 +84,15 @@ class WatchFellBehind(SidecarError):
     """A WatchEvents caller read too slowly; it resumes from the kept log."""
 
     code = "watch_fell_behind"
+
+
+class PluginFailed(SidecarError):
+    """The configured plugin raised or answered what a hook cannot take (a server-side defect)."""
+
+    code = "plugin_failed"
+
+
+class StateInvalid(SidecarError):
+    """Agent-state data that its subset's JSON schema rejects."""
+
+    code = "state_invalid"

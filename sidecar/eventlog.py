@@ -9,6 +9,7 @@ entries are marked ``NOT_A_UNIT`` there, so they weigh nothing in a window, and 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from itertools import islice
 from typing import Callable, Sequence
@@ -23,7 +24,7 @@ from sidecar.records import (ID_SEPARATOR, StoredEvent, decode_event, decode_id_
 from sidecar.runs import SIDECAR_ID_PREFIX, Run, save_run
 from sidecar.settings import ROLES, ContextSettings
 from sidecar.store import be32
-from sidecar.validation import check_at_least, check_id
+from sidecar.validation import check_at_least, check_id, strict_json
 
 # 128 packed records are 1.5 KiB: small enough to stay inline in an LMDB leaf page, so an append
 # rewrites one page instead of a chain of overflow pages (measured: ~15% off a durable turn).
@@ -31,6 +32,7 @@ CHUNK_EVENTS = 128
 MAX_EVENTS_PER_RUN = 2**31 - 1  # seq travels as int32
 MAX_TYPE_BYTES = 64
 MAX_COUNT = 2**31 - 1
+TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +46,8 @@ class NewEvent:
     content: str
     call_id: str = ""
     host_token_count: int | None = None
+    tool_name: str = ""  # on a tool call: the tool; the content is then its arguments (a JSON object)
+    untrusted: bool = False  # fed inside the untrusted-data block (as every role "tool" event is)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,9 +121,26 @@ def prepare_events(events: Sequence[NewEvent], field: str, defaults: ContextSett
             raise ValidationError.field(
                 f"{at}.content", f"is {size} bytes; at most {limit} are allowed ([context] max_event_bytes)")
         check_id(f"{at}.call_id", event.call_id, required=False)
+        if event.tool_name:
+            check_tool_call(event, at)
         if event.host_token_count is not None and not 0 <= event.host_token_count <= MAX_COUNT:
             raise ValidationError.field(f"{at}.host_token_count", f"must be between 0 and {MAX_COUNT}")
     return prepared
+
+
+def check_tool_call(event: NewEvent, at: str) -> None:
+    """A tool call names its tool as providers accept it, and carries its arguments as a JSON
+    object, so that every rendering can make the provider's own tool-call item from it."""
+    if not TOOL_NAME.fullmatch(event.tool_name):
+        raise ValidationError.field(f"{at}.tool_name", "must be 1-64 of A-Z a-z 0-9 _ - (as providers name tools)")
+    if event.role != "assistant" or not event.call_id:
+        raise ValidationError.field(f"{at}.tool_name", "is only for tool calls: role 'assistant' with a call_id")
+    try:
+        arguments = strict_json(event.content)
+    except ValueError:
+        arguments = None
+    if not isinstance(arguments, dict):
+        raise ValidationError.field(f"{at}.content", "a tool call's content is its arguments: a JSON object")
 
 
 def count_texts(counters: Counters, counter_name: str, texts: Sequence[str],
@@ -181,7 +202,7 @@ def append_host_events(writer: LogWriter, events: Sequence[NewEvent], counts: Se
             else:
                 group_first = int.from_bytes(first, "big")
         writer.append(StoredEvent(seq, event.event_id, event.iteration, event.role, event.type, event.content,
-                                  event.call_id, tokens), group_first, event.host_token_count)
+                                  event.call_id, tokens, event.tool_name), group_first, event.host_token_count)
         result = AppendResult(event.event_id, seq, tokens, False)
         in_batch[event.event_id] = (event, result)
         results.append(result)
@@ -189,8 +210,9 @@ def append_host_events(writer: LogWriter, events: Sequence[NewEvent], counts: Se
 
 
 def _same_event(stored: StoredEvent, stored_host_count: int | None, event: NewEvent) -> bool:
-    return (stored.iteration, stored.role, stored.type, stored.content, stored.call_id, stored_host_count) == (
-        event.iteration, event.role, event.type, event.content, event.call_id, event.host_token_count)
+    return (stored.iteration, stored.role, stored.type, stored.content, stored.call_id, stored_host_count,
+            stored.tool_name) == (event.iteration, event.role, event.type, event.content, event.call_id,
+                                  event.host_token_count, event.tool_name)
 
 
 def read_records(txn: lmdb.Transaction, db: dict, key: bytes, start: int, end: int) -> list[bytes]:

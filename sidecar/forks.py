@@ -14,6 +14,7 @@ stops replaying and from then on behaves as a branch.
 from __future__ import annotations
 
 import json
+from typing import Any, Callable
 
 import lmdb
 
@@ -64,6 +65,15 @@ def fork_run(deps: Deps, txn: lmdb.Transaction, source_key: bytes, source_run_id
     for summary in carried:
         txn.put(fork_key + be32(summary.index), summary.record(), db=db["summaries"])
         txn.put(fork_key + summary.ref.encode("utf-8"), artifacts[summary.ref], db=db["artifacts"])
+        record = txn.get(source_key + be32(summary.index), db=db["compaction_records"])
+        if record is not None:
+            txn.put(fork_key + be32(summary.index), record, db=db["compaction_records"])
+    # What the run feeds besides its log: the fork starts from the source's, as it stands.
+    for name in ("profiles", "tasks"):
+        value = txn.get(source_key, db=db[name])
+        if value is not None:
+            txn.put(fork_key, value, db=db[name])
+    _copy_keyed(txn, db["state_data"], source_key, fork_key, lambda suffix: True)
     for summary in pending:
         artifact = decode_event(artifacts[summary.ref])
         txn.put(fork_key + be32(summary.seq), json.dumps({
@@ -72,22 +82,35 @@ def fork_run(deps: Deps, txn: lmdb.Transaction, source_key: bytes, source_run_id
 
     limit = decode_event(txn.get(source_key + be32(from_seq), db=db["events"])).iteration \
         if from_seq < source.next_seq else None
-    last_assembled = 0
-    cursor = txn.cursor(db=db["windows"])
-    if cursor.set_range(source_key):
-        for window_key, value in cursor:
-            if not window_key.startswith(source_key):
-                break
-            iteration = int.from_bytes(window_key[len(source_key):], "big")
-            if limit is None or iteration < limit:
-                txn.put(fork_key + window_key[len(source_key):], value, db=db["windows"])
-                last_assembled = max(last_assembled, iteration)
+    def carried_iteration(suffix: bytes) -> bool:
+        return limit is None or int.from_bytes(suffix, "big") < limit
+
+    copied = _copy_keyed(txn, db["windows"], source_key, fork_key, carried_iteration)
+    _copy_keyed(txn, db["usage"], source_key, fork_key, carried_iteration)
+    last_assembled = max((int.from_bytes(suffix, "big") for suffix in copied), default=0)
     last_iteration = decode_event(txn.get(source_key + be32(from_seq - 1), db=db["events"])).iteration \
         if from_seq else 0
     fork = Run(source.settings, from_seq, last_iteration, last_assembled, len(carried), len(pending), origin,
-               log_entries=len(carried))
+               log_entries=len(carried), profile_digest=source.profile_digest, task_digest=source.task_digest,
+               fed_prefix=source.fed_prefix)
     save_run(txn, db, fork_key, fork)
     return fork, True
+
+
+def _copy_keyed(txn: lmdb.Transaction, handle: Any, source_key: bytes, fork_key: bytes,
+                wanted: Callable[[bytes], bool]) -> list[bytes]:
+    """Copy the source's records of one database whose key suffix ``wanted`` accepts; their suffixes."""
+    copied = []
+    cursor = txn.cursor(db=handle)
+    if cursor.set_range(source_key):
+        for record_key, value in cursor:
+            if not record_key.startswith(source_key):
+                break
+            suffix = record_key[len(source_key):]
+            if wanted(suffix):
+                txn.put(fork_key + suffix, value, db=handle)
+                copied.append(suffix)
+    return copied
 
 
 def _copy_log(txn: lmdb.Transaction, db: dict, source_key: bytes, fork_key: bytes, from_seq: int) -> None:
@@ -207,7 +230,7 @@ def _apply(deps: Deps, writer: LogWriter, pending: tuple[Summary, dict]) -> Stor
         return None
     writer.txn.delete(writer.key + be32(summary.seq), db=writer.db["replay"])
     writer.run.replay_pending -= 1
-    return write_summary(writer, summary, value["text"], value["role"], value["counter"])
+    return write_summary(writer, summary, value["text"], value["role"], value["counter"], "replay")
 
 
 def _still_replaying(writer: LogWriter, summary: Summary) -> bool:

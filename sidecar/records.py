@@ -40,18 +40,19 @@ class StoredEvent:
     content: str
     call_id: str
     tokens: int
+    tool_name: str = ""  # a tool call's tool (its content is then the arguments, a JSON object)
 
 
 def encode_event(event: StoredEvent) -> bytes:
     return EventRecord(event_id=event.event_id, seq=event.seq, iteration=event.iteration, role=event.role,
                        type=event.type, call_id=event.call_id, content=event.content,
-                       tokens=event.tokens).SerializeToString()
+                       tokens=event.tokens, tool_name=event.tool_name).SerializeToString()
 
 
 def decode_event(data: bytes) -> StoredEvent:
     record = EventRecord.FromString(data)
     return StoredEvent(record.seq, record.event_id, record.iteration, record.role, record.type,
-                       record.content, record.call_id, record.tokens)
+                       record.content, record.call_id, record.tokens, record.tool_name)
 
 
 def encode_memory(entry_id: str, content: str, tags: list[str] | tuple[str, ...], created_ms: int,

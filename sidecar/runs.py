@@ -6,7 +6,8 @@ is stored at that prefix in the ``runs`` database.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import secrets
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import lmdb
@@ -59,6 +60,14 @@ class Run:
     replay_pending: int = 0  # a replay fork's source summaries not reached yet
     origin: ForkOrigin | None = None
     log_entries: int = 0  # the sidecar's own entries in the log (one per summary)
+    # Which profile and task records are the run's (their digests key the in-process cache).
+    profile_digest: str = ""
+    task_digest: str = ""
+    # The prefix parts' hashes as last fed, to say which part changed when the prefix does.
+    fed_prefix: dict[str, str] | None = None
+    # Random, made when the run is: a run deleted and made again under its id is another
+    # incarnation, so what a process caches of a run's events (keyed by it) is never stale.
+    incarnation: str = field(default_factory=lambda: secrets.token_hex(8))
 
     def record(self) -> bytes:
         value: dict[str, Any] = {
@@ -67,6 +76,13 @@ class Run:
             "replay_pending": self.replay_pending, "log_entries": self.log_entries}
         if self.origin:
             value["origin"] = _fields(self.origin)
+        if self.profile_digest:
+            value["profile_digest"] = self.profile_digest
+        if self.task_digest:
+            value["task_digest"] = self.task_digest
+        if self.fed_prefix is not None:
+            value["fed_prefix"] = self.fed_prefix
+        value["incarnation"] = self.incarnation
         return dump_json(value)
 
     @classmethod
@@ -75,7 +91,9 @@ class Run:
         origin = value.get("origin")
         return cls(RunSettings(**value["settings"]), value["next_seq"], value["last_iteration"],
                    value.get("last_assembled", 0), value.get("summaries", 0), value.get("replay_pending", 0),
-                   ForkOrigin(**origin) if origin else None, value.get("log_entries", 0))
+                   ForkOrigin(**origin) if origin else None, value.get("log_entries", 0),
+                   value.get("profile_digest", ""), value.get("task_digest", ""), value.get("fed_prefix"),
+                   value.get("incarnation", ""))
 
 
 def _fields(value: Any) -> dict[str, Any]:
@@ -85,6 +103,11 @@ def _fields(value: Any) -> dict[str, Any]:
 
 def run_key(tenant: str, run_id: str, field: str = "run_id") -> bytes:
     return scope(tenant, check_id(field, run_id))
+
+
+def run_id_of(key: bytes) -> str:
+    """The run id in a run key (``scope(tenant, run_id)``: tenant NUL run_id NUL)."""
+    return key[:-1].split(b"\0", 1)[1].decode("utf-8")
 
 
 def load_run(txn: lmdb.Transaction, db: dict, key: bytes) -> Run | None:

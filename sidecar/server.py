@@ -24,7 +24,11 @@ from sidecar.events import EventLog
 from sidecar.memory import Memories
 from sidecar.redaction import Redactor
 from sidecar.servicer import ContextSidecarServicer, TenantOf, add_servicer_to_server
-from sidecar.settings import Settings
+from sidecar.agent_state import StateSchemas
+from sidecar.errors import SidecarError
+from sidecar.policy import load_policy
+from sidecar.run_context import RunContexts
+from sidecar.settings import ConfigError, Settings
 from sidecar.store import Store
 from sidecar.transcript import Transcripts
 
@@ -56,8 +60,15 @@ class Services:
         memories = Memories(store, counters, settings.memory, redactor)
         events = EventLog(store)
         compactor = Compactor(memories, events, settings.memory_compaction) if settings.memory_compaction.enabled else None
-        return cls(store, counters, Transcripts(store, counters, settings.context, redactor), memories, redactor,
-                   events, compactor)
+        try:
+            policy = load_policy(settings.context.plugin)
+            schemas = StateSchemas.load(settings.context.state_schemas_dir, policy.state_schemas)
+        except (ValueError, ImportError, SidecarError) as error:  # a plugin or schema that cannot serve
+            store.close()
+            raise ConfigError(str(error)) from None
+        contexts = RunContexts(store, counters, settings.context, redactor, policy, schemas)
+        return cls(store, counters, Transcripts(store, counters, settings.context, redactor, contexts), memories,
+                   redactor, events, compactor)
 
     def close(self) -> None:
         self.store.close()
@@ -118,7 +129,9 @@ def build_server(settings: Settings, services: Services,
     servicer = ContextSidecarServicer(services.transcripts, services.memories, services.compactor, services.events,
                                       services.redactor, services.counters,
                                       capability_document(settings.context, settings.memory,
-                                                          settings.memory_compaction),
+                                                          settings.memory_compaction,
+                                                          services.transcripts.contexts.policy.describe(),
+                                                          services.transcripts.contexts.schemas.subsets),
                                       TenantOf(settings.auth.tenants))
     add_servicer_to_server(servicer, server, in_flight.track if in_flight else lambda behavior: behavior)
     health_servicer = health.HealthServicer()

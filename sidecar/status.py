@@ -31,6 +31,8 @@ STATUS_BY_CODE: dict[str, grpc.StatusCode] = {
     "aborted": grpc.StatusCode.ABORTED,
     "compaction_disabled": grpc.StatusCode.FAILED_PRECONDITION,
     "watch_fell_behind": grpc.StatusCode.RESOURCE_EXHAUSTED,
+    "plugin_failed": grpc.StatusCode.INTERNAL,
+    "state_invalid": grpc.StatusCode.INVALID_ARGUMENT,
     "internal": grpc.StatusCode.INTERNAL,
 }
 

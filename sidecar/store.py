@@ -27,7 +27,8 @@ T = TypeVar("T")
 DATABASES = (b"runs", b"events", b"event_ids", b"call_ids", b"iterations", b"counts", b"id_chunks", b"windows",
              b"log_entries", b"summaries", b"artifacts", b"replay",
              b"mem_entries", b"mem_docs", b"mem_df", b"mem_postings", b"mem_vectors", b"mem_meta", b"mem_expiry",
-             b"mem_compactions", b"tenant_events")
+             b"mem_compactions", b"tenant_events",
+             b"profiles", b"tasks", b"state_data", b"usage", b"compaction_records")
 _GROW_AT = 0.8  # grow once this fraction of the map is in use
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -22,9 +23,10 @@ import fastcore
 from sidecar.errors import Conflict, FieldViolation, SummaryUnavailable, ValidationError
 from sidecar.eventlog import LogWriter, count_texts, host_event_ids, log_entries_in, prefix_end, read_counts, read_ids
 from sidecar.records import StoredEvent, decode_event, decode_id_index, dump_json, encode_event, load_json
-from sidecar.runs import SIDECAR_ID_PREFIX, Deps, Run
+from sidecar.runs import SIDECAR_ID_PREFIX, Deps, Run, run_id_of
 from sidecar.settings import STRATEGIES
 from sidecar.store import be32
+from sidecar.untrusted import is_fenced
 from sidecar.validation import check_at_least, check_id
 
 SUMMARY_TYPE = "context.summary"  # the summary's entry in a window
@@ -71,11 +73,22 @@ class Summary:
 
 @dataclass(frozen=True, slots=True)
 class Compaction:
-    """Whether compaction is due, and what to summarise: the oldest half of what may be."""
+    """Whether compaction is due, and what to summarise (the compaction policy decides both)."""
 
     due: bool
     candidate_ids: tuple[str, ...] = ()
     tokens_before: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Candidates:
+    """What may be summarised at an iteration, and the built-in choice among it."""
+
+    ids: tuple[str, ...]  # the oldest half of the summarisable events ("recursive": the summary in force first)
+    tokens_before: int  # the ids' tokens
+    unsummarised: int  # the tokens of the transcript no summary replaced yet
+    floor: int  # summarisable events are the host events of [floor, protect)
+    protect: int
 
 
 def load_summary(txn: lmdb.Transaction, db: dict, key: bytes, index: int) -> Summary:
@@ -134,8 +147,10 @@ def summarized_payload(summary: Summary, token_counter: str) -> str:
                       separators=(",", ":"))
 
 
-def write_summary(writer: LogWriter, summary: Summary, text: str, role: str, token_counter: str) -> StoredEvent:
-    """Persist the summary, its artifact and its ``context.summarized`` log entry (one txn)."""
+def write_summary(writer: LogWriter, summary: Summary, text: str, role: str, token_counter: str,
+                  summarised_by: str) -> StoredEvent:
+    """Persist the summary, its artifact, its ``context.summarized`` log entry and its
+    compaction record (one txn): every entry has exactly one record."""
     txn, db, key = writer.txn, writer.db, writer.key
     artifact = StoredEvent(summary.seq, summary.ref, summary.iteration, role, SUMMARY_TYPE, text, "",
                            summary.tokens_after)
@@ -145,7 +160,26 @@ def write_summary(writer: LogWriter, summary: Summary, text: str, role: str, tok
                         "system", SUMMARIZED_TYPE, summarized_payload(summary, token_counter), "", 0)
     writer.append(entry, fastcore.NOT_A_UNIT)
     writer.run.summaries = summary.index + 1
+    task = txn.get(key, db=db["tasks"])
+    task_id = (load_json(task)["task"][0] if task else "") or run_id_of(key)
+    txn.put(key + be32(summary.index), dump_json({
+        "index": summary.index, "task_id": task_id, "iteration": summary.iteration,
+        "removed": list(summary.replaced_turns), "summary_ref": summary.ref, "tokens_before": summary.tokens_before,
+        "tokens_after": summary.tokens_after, "recorded_ms": int(time.time() * 1000), "by": summarised_by,
+        "seq": summary.seq}), db=db["compaction_records"])
     return entry
+
+
+def compaction_records(txn: lmdb.Transaction, db: dict, key: bytes, from_index: int, limit: int) -> list[dict]:
+    """The run's compaction records from ``from_index``, at most ``limit``."""
+    records = []
+    cursor = txn.cursor(db=db["compaction_records"])
+    if cursor.set_range(key + be32(from_index)):
+        for record_key, value in cursor:
+            if not record_key.startswith(key) or len(records) >= limit:
+                break
+            records.append(load_json(value))
+    return records
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,7 +206,8 @@ def protected_from(deps: Deps, txn: lmdb.Transaction, key: bytes, run: Run, iter
     return min(by_turns, by_tokens)
 
 
-def record_summary(deps: Deps, writer: LogWriter, request: SummaryRequest) -> tuple[Summary, StoredEvent, bool]:
+def record_summary(deps: Deps, writer: LogWriter, request: SummaryRequest,
+                   summarised_by: str = "host") -> tuple[Summary, StoredEvent, bool]:
     """Validate and record a host's summary; returns (summary, its log entry, created). A retry
     of a recorded summary (same range, same text) returns it with created False."""
     txn, db, key, run = writer.txn, writer.db, writer.key, writer.run
@@ -272,7 +307,7 @@ def record_summary(deps: Deps, writer: LogWriter, request: SummaryRequest) -> tu
         replaced_turns=tuple(refs) + tuple(event_ids), tokens_before=tokens_before, tokens_after=tokens_after,
         strategy=strategy, text_sha256=text_sha256, stack=stack[:kept] + (index,),
         stack_tokens=stack_tokens[:kept] + (tokens_after,), stack_refs=stack_refs[:kept] + (ref,))
-    entry = write_summary(writer, summary, request.text, deps.defaults.summary_role, token_counter)
+    entry = write_summary(writer, summary, request.text, deps.defaults.summary_role, token_counter, summarised_by)
     return summary, entry, True
 
 
@@ -316,24 +351,31 @@ def _recorded_with(txn: lmdb.Transaction, db: dict, key: bytes, run: Run,
     return None
 
 
-def compaction(deps: Deps, txn: lmdb.Transaction, key: bytes, run: Run, iteration: int, budget: int,
-               top: Summary | None, end: int) -> Compaction:
-    """Due when the unsummarised transcript exceeds ``compaction_fraction`` of the budget; the
-    candidates are the oldest half of what may be summarised (outside the verbatim floor and the
-    active turn, groups whole), at most a budget's worth, and, for ``recursive``, the summary in
-    force first."""
+def candidates(deps: Deps, txn: lmdb.Transaction, key: bytes, run: Run, iteration: int, budget: int,
+               top: Summary | None, end: int) -> Candidates:
+    """What the built-in policy would summarise: the oldest half of what may be (outside the
+    verbatim floor and the active turn, groups whole), at most a budget's worth, and, for
+    ``recursive``, the summary in force first."""
     floor = top.to_seq if top else 0
     counts = read_counts(txn, deps.db, key, floor, end)
     protect = protected_from(deps, txn, key, run, iteration, counts, floor)
     cut, tokens_before, unsummarised = fastcore.compaction_cut(counts, floor, floor, protect, budget)
-    if unsummarised <= deps.defaults.compaction_fraction * budget:
-        return Compaction(False)
-    ids = host_event_ids(txn, deps.db, key, floor, cut)
-    if not ids:
-        return Compaction(True)  # due, but everything left is in the verbatim floor
-    if top and run.settings.summarization_strategy == "recursive":
-        return Compaction(True, (top.ref, *ids), tokens_before + top.tokens_after)
-    return Compaction(True, tuple(ids), tokens_before)
+    ids = tuple(host_event_ids(txn, deps.db, key, floor, cut))
+    if ids and top and run.settings.summarization_strategy == "recursive":
+        return Candidates((top.ref, *ids), tokens_before + top.tokens_after, unsummarised, floor, protect)
+    return Candidates(ids, tokens_before, unsummarised, floor, protect)
+
+
+def tokens_of(deps: Deps, txn: lmdb.Transaction, key: bytes, top: Summary | None, ids: tuple[str, ...]) -> int:
+    """The tokens of a range to summarise: the summary in force's, then each event's."""
+    total = 0
+    for replaced in ids:
+        if top is not None and replaced == top.ref:
+            total += top.tokens_after
+            continue
+        seq = decode_id_index(txn.get(key + replaced.encode("utf-8"), db=deps.db["event_ids"]))[0]
+        total += decode_event(txn.get(key + seq, db=deps.db["events"])).tokens
+    return total
 
 
 def extractive_summary(deps: Deps, txn: lmdb.Transaction, key: bytes, run: Run, candidate_ids: tuple[str, ...],
@@ -352,6 +394,10 @@ def extractive_summary(deps: Deps, txn: lmdb.Transaction, key: bytes, run: Run, 
         else:
             seq = decode_id_index(txn.get(key + replaced.encode("utf-8"), db=deps.db["event_ids"]))[0]
             event = decode_event(txn.get(key + seq, db=deps.db["events"]))
-        first_line = event.content.strip().split("\n", 1)[0][:160]
+        if is_fenced(event.content):
+            # Untrusted content stays inside its block: a summary is fed as the sidecar's own text.
+            first_line = f"({event.tokens} tokens of untrusted data)"
+        else:
+            first_line = event.content.strip().split("\n", 1)[0][:160]
         lines.append(f"- {event.role}/{event.type}: {first_line}")
     return counter.clip("\n".join(lines), bound)

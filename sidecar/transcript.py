@@ -8,66 +8,117 @@ land together or not at all. The work lives in one module per concern: ``runs``,
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 import lmdb
 
-from sidecar import forks
+from sidecar import context_window, forks
+from sidecar.context_window import HistoryCache, Layout, Section
 from sidecar.counting import Counters
-from sidecar.errors import NotFound, ValidationError
-from sidecar.eventlog import (AppendResult, LogWriter, NewEvent, append_host_events, count_events, prepare_events,
-                              read_records)
+from sidecar.errors import NotFound, PluginFailed, SidecarError, ValidationError
+from sidecar.eventlog import (AppendResult, LogWriter, NewEvent, append_host_events, count_events, log_entries_in,
+                              prepare_events, read_records)
+from sidecar.policy import HistoryEvent, SummariseInput, SummariseResult, TriggerInput
+from sidecar.profiles import Profile, Task
 from sidecar.records import StoredEvent, decode_event, load_json
 from sidecar.redaction import Redactor
-from sidecar.runs import (Deps, Run, RunSettings, check_given_settings, confirm_settings, default_settings, load_run,
-                          require_run, run_key, save_run)
+from sidecar.run_context import RunContexts
+from sidecar.runs import (SIDECAR_ID_PREFIX, Deps, Run, RunSettings, check_given_settings, confirm_settings,
+                          default_settings, load_run, require_run, run_key, save_run)
 from sidecar.settings import ContextSettings
 from sidecar.store import Store, be32
-from sidecar.summaries import (Summary, SummaryRequest, compaction, extractive_summary, read_artifact,
-                               record_summary)
+from sidecar.summaries import (Candidates, Compaction, Summary, SummaryRequest, candidates, compaction_records,
+                               extractive_summary, in_force, load_summary, read_artifact, read_artifacts,
+                               record_summary, tokens_of)
+from sidecar.untrusted import fence
 from sidecar.validation import check_at_least, check_id
-from sidecar.window import TranscriptWindow, from_record, persist, plan
+from sidecar.window import Plan, TranscriptWindow, from_record, persist, plan
 
 DEFAULT_LIST_LIMIT = 100
 MAX_LIST_LIMIT = 1000
 
-__all__ = ["AppendResult", "NewEvent", "RunSettings", "Summary", "SummaryRequest", "TranscriptWindow", "Transcripts"]
+__all__ = ["AppendResult", "AssembledContext", "NewEvent", "RunSettings", "Section", "Summary", "SummaryRequest",
+           "TranscriptWindow", "Transcripts"]
+
+
+@dataclass(frozen=True, slots=True)
+class AssembledContext:
+    """What one turn is fed: the transcript window and the sections around it."""
+
+    window: TranscriptWindow
+    sections: tuple[Section, ...]
+    prefix_sha256: str
+    prefix_changed: tuple[str, ...]
+    window_tokens: int
+    tools_tokens: int
+    turn_limit: int
+    task_id: str
+    rendered: str  # the provider request body, when one was asked for
+
+
+@dataclass(frozen=True, slots=True)
+class AgentStateView:
+    history: list[StoredEvent]  # the newest unsummarised events, oldest first
+    history_total: int
+    running_summary: list[StoredEvent]  # the summaries in force, as their artifacts
+    task: Task
+    skills: tuple
+    last_usage: Any
+    data: dict[str, Any]
+    profile: Profile
 
 
 class Transcripts:
     def __init__(self, store: Store, counters: Counters, defaults: ContextSettings,
-                 redactor: Redactor | None = None) -> None:
+                 redactor: Redactor | None = None, contexts: RunContexts | None = None) -> None:
         self._store = store
         self._deps = Deps(store.db, counters, defaults)
         self._db = store.db
         self._redactor = redactor or Redactor()
+        self.contexts = contexts or RunContexts(store, counters, defaults, self._redactor)
+        self._history = HistoryCache()
 
-    def _redacted(self, tenant: str, run_id: str, events: list[NewEvent]) -> list[NewEvent]:
-        """SR-1: every event's content is redacted before it is counted or stored."""
-        return [replace(event, content=self._redactor.redact(tenant, run_id, event.content).text) for event in events]
+    def _sanitised(self, tenant: str, run_id: str, events: list[NewEvent]) -> list[NewEvent]:
+        """Before an event is counted or stored: SR-1 (its content is redacted), then untrusted
+        content (every role "tool" event's, and events marked untrusted) goes inside the
+        untrusted-data block. The count and the budget are then of exactly what is fed."""
+        sanitised = []
+        for event in events:
+            content = self._redactor.redact(tenant, run_id, event.content).text
+            if event.role == "tool" or event.untrusted:
+                content = fence(content, "tool" if event.role == "tool" else "data")
+            sanitised.append(replace(event, content=content))
+        return sanitised
 
     # -- runs ---------------------------------------------------------------------------------
 
-    def open_run(self, tenant: str, run_id: str, **given: Any) -> tuple[RunSettings, bool]:
+    def open_run(self, tenant: str, run_id: str, profile: Profile | None = None, task: Task | None = None,
+                 **given: Any) -> tuple[RunSettings, bool]:
         """Create the run, or confirm an existing one whose settings match every field given
         (``token_counter``, ``transcript_token_budget``, ``keep_last_turns``, ``transcript_window``,
-        ``summarization``, ``summarization_strategy``, ``keep_last_tokens``; None: not given)."""
+        ``summarization``, ``summarization_strategy``, ``keep_last_tokens``, ``profile``, ``task``;
+        None: not given)."""
         key = run_key(tenant, run_id)
         given = {name: value for name, value in given.items() if value is not None}
         requested = check_given_settings(self._deps.defaults, self._deps.counters, given)
         with self._store.read() as txn:
             existing = load_run(txn, self._db, key)
-        if existing is not None:
-            confirm_settings(existing, run_id, given)
-            return existing.settings, False
+            new = self.contexts.prepare_new(tenant, run_id, existing or Run(requested), profile, task)
+            if existing is not None:
+                confirm_settings(existing, run_id, given)
+                self.contexts.confirm(txn, key, existing, run_id, new)
+                return existing.settings, False
 
         def create(txn: lmdb.Transaction) -> tuple[RunSettings, bool]:
             run = load_run(txn, self._db, key)
             if run is not None:  # created between our read and this write
                 confirm_settings(run, run_id, given)
+                self.contexts.confirm(txn, key, run, run_id, new)
                 return run.settings, False
-            save_run(txn, self._db, key, Run(requested))
+            run = Run(requested)
+            self.contexts.store_new(txn, key, run, new)
+            save_run(txn, self._db, key, run)
             return requested, True
 
         return self._store.write(create)
@@ -92,7 +143,7 @@ class Transcripts:
         key = run_key(tenant, run_id)
         if not events:
             raise ValidationError.field("events", "at least one event is required")
-        prepared = self._redacted(tenant, run_id, prepare_events(events, "events", self._deps.defaults))
+        prepared = self._sanitised(tenant, run_id, prepare_events(events, "events", self._deps.defaults))
         append = self._appender(key, prepared, "events")
 
         def write(txn: lmdb.Transaction) -> list[AppendResult]:
@@ -139,26 +190,30 @@ class Transcripts:
     # -- the per-turn window ------------------------------------------------------------------
 
     def assemble(self, tenant: str, run_id: str, iteration: int, new_events: Sequence[NewEvent] = (),
-                 max_transcript_tokens: int | None = None) -> tuple[TranscriptWindow, list[AppendResult]]:
-        """Append this turn's events, choose and persist the window for ``iteration``: one transaction."""
+                 max_transcript_tokens: int | None = None, render: str = "") -> tuple[AssembledContext, list[AppendResult]]:
+        """Append this turn's events, choose and persist the window for ``iteration`` and decide
+        compaction: one transaction. ``render``: also the provider request body."""
         key = run_key(tenant, run_id)
         check_at_least("iteration", iteration, 1)
         if max_transcript_tokens is not None:
             check_at_least("max_transcript_tokens", max_transcript_tokens, 1)
-        events = self._redacted(tenant, run_id,
-                                prepare_events(new_events, "append_events", self._deps.defaults, turn=iteration))
+        context_window.check_render(render)
+        events = self._sanitised(tenant, run_id,
+                                 prepare_events(new_events, "append_events", self._deps.defaults, turn=iteration))
 
         if not events:
             # Re-assembling an iteration whose window is persisted and unchanged writes nothing.
             with self._store.read() as txn:
                 run = require_run(txn, self._db, key, run_id)
-                chosen, _ = plan(self._deps, txn, key, run, iteration, max_transcript_tokens)
+                layout = self.contexts.layout(txn, key, run, run_id)
+                chosen, _ = plan(self._deps, txn, key, run, iteration, _tighter(max_transcript_tokens, layout))
                 stored = txn.get(key + be32(iteration), db=self._db["windows"])
-                if stored is not None and chosen.same_as(record := load_json(stored)):
-                    return from_record(self._deps, txn, key, run_id, iteration, record), []
+                if stored is not None and _unchanged(chosen, record := load_json(stored), run):
+                    window = from_record(self._deps, txn, key, run_id, iteration, record)
+                    return self._answer(layout, window, render, (key, run.incarnation)), []
         append = self._appender(key, events, "append_events")
 
-        def write(txn: lmdb.Transaction) -> tuple[TranscriptWindow, list[AppendResult]]:
+        def write(txn: lmdb.Transaction) -> tuple[Layout, TranscriptWindow, list[AppendResult], str]:
             run = load_run(txn, self._db, key)
             if run is None:
                 if not events:
@@ -168,29 +223,88 @@ class Transcripts:
             appended = append(writer) if events else []
             replayed = forks.at_assembly(self._deps, writer, iteration) if run.replay_pending else False
             writer.flush()
-            chosen, top = plan(self._deps, txn, key, run, iteration, max_transcript_tokens)
+            layout = self.contexts.layout(txn, key, run, run_id)
+            limit = _tighter(max_transcript_tokens, layout)
+            chosen, top = plan(self._deps, txn, key, run, iteration, limit)
             stored = txn.get(key + be32(iteration), db=self._db["windows"])
-            if stored is not None and chosen.same_as(record := load_json(stored)):
-                return from_record(self._deps, txn, key, run_id, iteration, record), appended
-            if self._summarises_itself(run, iteration, replayed):
-                due = compaction(self._deps, txn, key, run, iteration, chosen.budget, top, chosen.end)
-                text = extractive_summary(self._deps, txn, key, run, due.candidate_ids, due.tokens_before,
-                                          chosen.budget) if due.due and due.candidate_ids else None
+            if stored is not None and _unchanged(chosen, record := load_json(stored), run):
+                return (layout, from_record(self._deps, txn, key, run_id, iteration, record), appended,
+                        run.incarnation)
+            due = None
+            if run.settings.summarization:
+                due, choice = self._compaction(txn, key, run, iteration, chosen, top, layout)
+                text, by = self._own_summary(txn, key, run, iteration, replayed, due, choice, chosen)
                 if text:
-                    record_summary(self._deps, writer, SummaryRequest(iteration, due.candidate_ids, text, ""))
+                    try:
+                        record_summary(self._deps, writer, SummaryRequest(iteration, due.candidate_ids, text, ""), by)
+                    except SidecarError as error:
+                        if by != "plugin":
+                            raise
+                        raise PluginFailed(f"plugin {self.contexts.policy.name!r}: compaction.summarise gave a "
+                                           f"summary RecordSummary refuses: {error.message}") from None
                     writer.flush()
-                    chosen, top = plan(self._deps, txn, key, run, iteration, max_transcript_tokens)
-            record = persist(self._deps, txn, key, run, iteration, chosen, top)
-            return from_record(self._deps, txn, key, run_id, iteration, record), appended
+                    chosen, top = plan(self._deps, txn, key, run, iteration, limit)
+                    due, _ = self._compaction(txn, key, run, iteration, chosen, top, layout, summarise=False)
+            changed = context_window.prefix_changed(layout, run.fed_prefix)
+            fed_before = run.fed_prefix
+            run.fed_prefix = dict(layout.parts)
+            record = persist(self._deps, txn, key, run, iteration, chosen, top, due, {
+                "digests": [run.profile_digest, run.task_digest], "prefix": layout.prefix_sha256,
+                "changed": list(changed), "fixed_tokens": layout.fixed_tokens, "limit": layout.turn_limit,
+                "task_id": layout.task_id})
+            if run.fed_prefix != fed_before:
+                save_run(txn, self._db, key, run)
+            return layout, from_record(self._deps, txn, key, run_id, iteration, record), appended, run.incarnation
 
-        return self._store.write(write)
+        # The answer is built after the commit: a rendering needs no lock.
+        layout, window, appended, incarnation = self._store.write(write)
+        return self._answer(layout, window, render, (key, incarnation)), appended
 
-    def _summarises_itself(self, run: Run, iteration: int, replayed: bool) -> bool:
-        """The built-in summariser runs at an iteration's first assembly, when configured, on a
-        run that counts its own tokens and is not replaying a source's summaries."""
-        return (self._deps.defaults.summariser == "extractive" and run.settings.summarization
-                and run.settings.token_counter != "host-defined" and iteration > run.last_assembled
-                and not run.replay_pending and not replayed)
+    def _answer(self, layout: Layout, window: TranscriptWindow, render: str, run: tuple) -> AssembledContext:
+        rendered = context_window.render(render, layout, window, self._history.items(window, run)) if render else ""
+        return _assembled(layout, window, render, rendered)
+
+    def _compaction(self, txn: lmdb.Transaction, key: bytes, run: Run, iteration: int, chosen: Plan,
+                    top: Summary | None, layout: Layout,
+                    summarise: bool = True) -> tuple[Compaction, SummariseResult | None]:
+        """The policy's decision: whether compaction is due (trigger), and what to summarise."""
+        policy = self.contexts.policy
+        found = candidates(self._deps, txn, key, run, iteration, chosen.budget, top, chosen.end)
+        if "history" in layout.kept:  # the policy keeps the history whole: nothing to summarise
+            return Compaction(False), None
+        due = policy.trigger(TriggerInput(
+            iteration, layout.task_id, chosen.tokens + layout.fixed_tokens, layout.turn_limit, found.unsummarised,
+            chosen.budget, self._deps.defaults.compaction_fraction))
+        if not due:
+            return Compaction(False), None
+        if not summarise:
+            return Compaction(True, found.ids, found.tokens_before), None
+        choice = policy.summarise(SummariseInput(
+            iteration, layout.task_id, run.settings.summarization_strategy, top.ref if top else "", found.ids,
+            chosen.budget, lambda: self._summarisable(txn, key, found)))
+        if choice.replace_ids == found.ids:
+            return Compaction(True, found.ids, found.tokens_before), choice
+        return Compaction(True, choice.replace_ids, tokens_of(self._deps, txn, key, top, choice.replace_ids)), choice
+
+    def _summarisable(self, txn: lmdb.Transaction, key: bytes, found: Candidates) -> tuple[HistoryEvent, ...]:
+        events = (decode_event(record) for record in read_records(txn, self._db, key, found.floor, found.protect))
+        return tuple(HistoryEvent(e.event_id, e.role, e.type, e.iteration, e.call_id, e.content, e.tokens)
+                     for e in events if not e.event_id.startswith(SIDECAR_ID_PREFIX))
+
+    def _own_summary(self, txn: lmdb.Transaction, key: bytes, run: Run, iteration: int, replayed: bool,
+                     due: Compaction, choice: SummariseResult | None, chosen: Plan) -> tuple[str | None, str]:
+        """The summary the sidecar records itself, and who made it: the plugin's, or the built-in
+        summariser's when configured. Only at an iteration's first assembly, on a run that counts
+        its own tokens and is not replaying a source's summaries; otherwise the host summarises."""
+        if not (due.due and due.candidate_ids and run.settings.token_counter != "host-defined"
+                and iteration > run.last_assembled and not run.replay_pending and not replayed):
+            return None, ""
+        if choice is not None and choice.text is not None:
+            return choice.text, "plugin"
+        if self._deps.defaults.summariser == "extractive":
+            return extractive_summary(self._deps, txn, key, run, due.candidate_ids, due.tokens_before,
+                                      chosen.budget), "built-in"
+        return None, ""
 
     def transcript_window(self, tenant: str, run_id: str, iteration: int) -> TranscriptWindow:
         """What AssembleContext fed for ``iteration`` (RFC 0111's transcript-window seam)."""
@@ -238,3 +352,61 @@ class Transcripts:
         key = run_key(tenant, run_id)
         check_id("artifact_id", artifact_id)
         self._store.write(lambda txn: forks.delete_artifact(txn, self._db, key, run_id, artifact_id))
+
+    # -- agent state and compaction records ----------------------------------------------------
+
+    def state(self, tenant: str, run_id: str, history_limit: int = 0) -> AgentStateView:
+        """The run's agent state: the history no summary replaced yet, the summaries in force
+        (the running summary), the task and skills, the last usage and the data."""
+        key = run_key(tenant, run_id)
+        check_at_least("history_limit", history_limit, 0)
+        limit = min(history_limit or DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT)
+        with self._store.read() as txn:
+            run = require_run(txn, self._db, key, run_id)
+            newest = load_summary(txn, self._db, key, run.summaries - 1) if run.summaries else None
+            floor = newest.to_seq if newest else 0
+            entries = set(log_entries_in(txn, self._db, key, floor, run.next_seq))
+            seqs = [seq for seq in range(floor, run.next_seq) if seq not in entries]
+            shown = seqs[-limit:] if limit else []
+            history = [decode_event(txn.get(key + be32(seq), db=self._db["events"])) for seq in shown]
+            summaries = [decode_event(raw) for raw in read_artifacts(txn, self._db, key, list(newest.stack_refs))] \
+                if newest else []
+            task = self.contexts.task_of(txn, key, run)
+            return AgentStateView(history, len(seqs), summaries, task.task, task.skills,
+                                  self.contexts.last_usage(txn, key), self.contexts.state_data(txn, key),
+                                  self.contexts.profile(txn, key, run).profile)
+
+    def compaction_records(self, tenant: str, run_id: str, from_index: int = 0,
+                           limit: int = 0) -> tuple[list[dict], int | None]:
+        """The run's compaction records from ``from_index``, and where the next page starts."""
+        key = run_key(tenant, run_id)
+        check_at_least("from_index", from_index, 0)
+        check_at_least("limit", limit, 0)
+        limit = min(limit or DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT)
+        with self._store.read() as txn:
+            run = require_run(txn, self._db, key, run_id)
+            records = compaction_records(txn, self._db, key, from_index, limit)
+        end = from_index + len(records)
+        return records, (end if end < run.summaries else None)
+
+
+def _tighter(max_transcript_tokens: int | None, layout: Layout) -> int:
+    """The transcript budget's tightest cap: the call's, and what the turn limit leaves it."""
+    return min(max_transcript_tokens or layout.transcript_room, layout.transcript_room)
+
+
+def _unchanged(chosen: Plan, record: dict, run: Run) -> bool:
+    """The persisted window is what this assembly would feed: the same transcript plan, over
+    the same profile and task."""
+    context = record.get("context")
+    return chosen.same_as(record) and context is not None and \
+        context["digests"] == [run.profile_digest, run.task_digest]
+
+
+def _assembled(layout: Layout, window: TranscriptWindow, render: str, rendered: str) -> AssembledContext:
+    context = window.context or {}
+    return AssembledContext(
+        window, tuple(context_window.sections(layout, window, with_text=not render)), context.get("prefix", ""),
+        tuple(context.get("changed", ())), window.window_tokens, layout.profile.tools_tokens,
+        context.get("limit", layout.turn_limit), context.get("task_id", layout.task_id),
+        rendered)

@@ -7,7 +7,9 @@ overlapping another's.
 
 from __future__ import annotations
 
+import json
 import re
+from typing import Any
 
 from sidecar.errors import ValidationError
 
@@ -33,3 +35,12 @@ def check_at_least(field: str, value: int, minimum: int) -> int:
     if value < minimum:
         raise ValidationError.field(field, f"must be at least {minimum}, got {value}")
     return value
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+def strict_json(text: str) -> Any:
+    """Parse JSON as providers do: Python's json accepts NaN and Infinity, which they reject."""
+    return json.loads(text, parse_constant=_no_constant)

@@ -18,7 +18,7 @@ from sidecar.eventlog import CHUNK_EVENTS, log_entries_before, log_entries_in, p
 from sidecar.records import StoredEvent, decode_event, dump_json
 from sidecar.runs import Deps, Run, save_run
 from sidecar.store import be32
-from sidecar.summaries import Compaction, Summary, compaction, in_force, load_summary, read_artifacts
+from sidecar.summaries import Compaction, Summary, in_force, load_summary, read_artifacts
 
 MAX_COUNT = 2**31 - 1
 
@@ -64,6 +64,9 @@ class TranscriptWindow:
     clips: dict[int, Clip] = field(default_factory=dict)
     compaction: Compaction = Compaction(False)
     summarized_ranges: tuple[SummarizedRange, ...] = ()
+    summaries_fed: int = 0  # how many of ``records`` (the first ones) are summaries
+    context: dict | None = None  # the rest of the accounting, as persisted (None: before sections)
+    window_tokens: int = 0  # everything fed: the transcript's tokens and the sections' and tools'
 
     def entries(self) -> list[WindowEntry]:
         entries = []
@@ -135,8 +138,9 @@ def plan(deps: Deps, txn: lmdb.Transaction, key: bytes, run: Run, iteration: int
 
 
 def persist(deps: Deps, txn: lmdb.Transaction, key: bytes, run: Run, iteration: int, chosen: Plan,
-            top: Summary | None) -> dict:
-    """Persist what ``chosen`` feeds for ``iteration`` (clipping what must be) and return the record."""
+            top: Summary | None, due: Compaction | None, context: dict) -> dict:
+    """Persist what ``chosen`` feeds for ``iteration`` (clipping what must be), with the
+    compaction decision and the rest of the window's accounting (``context``); return the record."""
     db = deps.db
     skip = log_entries_in(txn, db, key, chosen.start, chosen.end)
     newest = len(top.stack) - chosen.prefix_in if top else 0
@@ -161,9 +165,11 @@ def persist(deps: Deps, txn: lmdb.Transaction, key: bytes, run: Run, iteration: 
             else:
                 total += event.tokens
         record["tokens"] = total
-    if run.settings.summarization:
-        due = compaction(deps, txn, key, run, iteration, chosen.budget, top, chosen.end)
+    if due is not None:
         record["compaction"] = [due.due, list(due.candidate_ids), due.tokens_before]
+    record["context"] = context
+    # Everything fed: the transcript as clipped, and what the sections and tools add to it.
+    record["window_tokens"] = record["tokens"] + context["fixed_tokens"]
     txn.put(key + be32(iteration), dump_json(record), db=db["windows"])
     if iteration > run.last_assembled:
         run.last_assembled = iteration
@@ -197,4 +203,5 @@ def from_record(deps: Deps, txn: lmdb.Transaction, key: bytes, run_id: str, iter
         if "compaction" in record else Compaction(False)
     return TranscriptWindow(
         run_id, iteration, record["counter"], record["budget"], record["tokens"], record["omitted"],
-        refs + ids, read_artifacts(txn, db, key, refs) + records, clips, due, ranges)
+        refs + ids, read_artifacts(txn, db, key, refs) + records, clips, due, ranges, len(refs),
+        record.get("context"), record.get("window_tokens", record["tokens"]))

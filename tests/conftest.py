@@ -22,6 +22,12 @@ from sidecar.transcript import Transcripts
 TENANT = "default"
 
 
+def assemble(transcripts: Transcripts, *args: object, **kwargs: object) -> tuple:
+    """A turn's transcript window and what it appended (the sections around it aside)."""
+    assembled, appended = transcripts.assemble(*args, **kwargs)
+    return assembled.window, appended
+
+
 @pytest.fixture(scope="session")
 def counters() -> Counters:
     """Both tiktoken encodings load once per test session (~0.5 s)."""

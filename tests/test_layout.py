@@ -15,7 +15,7 @@ from sidecar.pb.contextsidecar.storage.v1.records_pb2 import EventRecord
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 
 ROOT = Path(__file__).resolve().parent.parent
-WIRE = {"servicer", "server", "status", "cli", "__main__"}
+WIRE = {"servicer", "server", "status", "cli", "__main__", "messages"}
 STORAGE_CODEC = {"records"}  # uses only the storage proto, as its serialization format
 
 

@@ -15,6 +15,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from grpc_status import rpc_status
 
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
+from sidecar.untrusted import fence
 
 SCHEMAS = Path(__file__).resolve().parent.parent / "schemas"
 
@@ -72,7 +73,8 @@ def test_a_turn_end_to_end_with_an_independent_recount(start_server) -> None:
                   content=json.dumps({"tool": "search", "q": f"refund {turn}"})),
                ev(f"r{turn}", role="tool", type="tool_result", call_id=f"k{turn}",
                   content="Result: " + "policy text, clause %d; " % turn * (turn % 4 + 3))]
-        contents.update({e.event_id: e.content for e in new})
+        # What is fed: a tool result inside the untrusted-data block, anything else as sent.
+        contents.update({e.event_id: fence(e.content) if e.role == "tool" else e.content for e in new})
         answer = stub.AssembleContext(pb.AssembleContextRequest(run_id="run-1", iteration=turn, append_events=new))
         assert [a.event_id for a in answer.appended] == [e.event_id for e in new]
         assert answer.token_counter == "o200k_base" and answer.token_budget == 400

@@ -8,7 +8,8 @@ import pytest
 
 from sidecar.errors import Conflict, ValidationError
 from sidecar.transcript import NewEvent, SummaryRequest
-from tests.conftest import TENANT
+from sidecar.untrusted import fence
+from tests.conftest import TENANT, assemble
 
 
 def event(event_id: str, iteration: int, content: str = "x" * 10, role: str = "user", type: str = "message",
@@ -26,7 +27,7 @@ def run(make_transcripts):
     transcripts = make_transcripts(transcript_token_budget=1000, keep_last_turns=2)
     transcripts.open_run(TENANT, "run", token_counter="chars", summarization=True)
     for turn in range(1, 11):
-        transcripts.assemble(TENANT, "run", turn, [event(f"u{turn}", turn), event(f"a{turn}", turn, role="assistant")])
+        assemble(transcripts, TENANT, "run", turn, [event(f"u{turn}", turn), event(f"a{turn}", turn, role="assistant")])
     return transcripts
 
 
@@ -45,7 +46,7 @@ def test_a_summary_is_recorded_announced_and_stands_in(run) -> None:
     assert "greetings" not in entry.content
     assert run.get_artifact(TENANT, "run", summary.ref).content == "Turns 1-2: greetings."
     # From iteration 11 on it stands in for the turns it replaced, as the oldest entry.
-    window, _ = run.assemble(TENANT, "run", 11, [event("u11", 11)])
+    window, _ = assemble(run, TENANT, "run", 11, [event("u11", 11)])
     assert window.event_ids == [summary.ref] + [f"{p}{t}" for t in range(3, 11) for p in "ua"] + ["u11"]
     first = window.entries()[0]
     assert (first.event.type, first.text, first.tokens, first.event.role) == (
@@ -88,7 +89,7 @@ def test_the_verbatim_floor_is_the_larger_of_turns_and_tokens(make_transcripts) 
     transcripts = make_transcripts(transcript_token_budget=1000, keep_last_turns=1, keep_last_tokens=35)
     transcripts.open_run(TENANT, "run", token_counter="chars", summarization=True)
     for turn in range(1, 5):
-        transcripts.assemble(TENANT, "run", turn, [event(f"u{turn}", turn), event(f"a{turn}", turn)])
+        assemble(transcripts, TENANT, "run", turn, [event(f"u{turn}", turn), event(f"a{turn}", turn)])
     # keep_last_turns=1 protects turn 5 (empty); 35 tokens protect a4, u4, a3 and u3 (40 >= 35).
     with pytest.raises(ValidationError) as raised:
         summarise(transcripts, ["u1", "a1", "u2", "a2", "u3"], iteration=5)
@@ -99,9 +100,9 @@ def test_the_verbatim_floor_is_the_larger_of_turns_and_tokens(make_transcripts) 
 def test_a_tool_call_is_never_split_from_its_result(make_transcripts) -> None:
     transcripts = make_transcripts(transcript_token_budget=1000, keep_last_turns=1)
     transcripts.open_run(TENANT, "run", token_counter="chars", summarization=True)
-    transcripts.assemble(TENANT, "run", 1, [event("u1", 1), event("c1", 1, call_id="k", type="tool_call"),
+    assemble(transcripts, TENANT, "run", 1, [event("u1", 1), event("c1", 1, call_id="k", type="tool_call"),
                                             event("r1", 1, role="tool", call_id="k", type="tool_result")])
-    transcripts.assemble(TENANT, "run", 2, [event("u2", 2)])
+    assemble(transcripts, TENANT, "run", 2, [event("u2", 2)])
     with pytest.raises(ValidationError) as raised:
         summarise(transcripts, ["u1", "c1"], iteration=3)
     assert "'r1'" in raised.value.message
@@ -110,7 +111,7 @@ def test_a_tool_call_is_never_split_from_its_result(make_transcripts) -> None:
 
 def test_a_run_without_summarization_refuses_summaries(make_transcripts) -> None:
     transcripts = make_transcripts(token_counter="chars")
-    transcripts.assemble(TENANT, "plain", 1, [event("u1", 1)])
+    assemble(transcripts, TENANT, "plain", 1, [event("u1", 1)])
     with pytest.raises(ValidationError) as raised:
         transcripts.record_summary(TENANT, "plain", SummaryRequest(2, ("u1",), "s", ""))
     assert raised.value.violations[0].field == "run_id"
@@ -119,7 +120,7 @@ def test_a_run_without_summarization_refuses_summaries(make_transcripts) -> None
 def test_summaries_stack_and_recursive_ones_fold_the_previous_in(run) -> None:
     first, _, _ = summarise(run, ["u1", "a1"], text="one")
     second, _, _ = summarise(run, ["u2", "a2"], text="two")
-    window, _ = run.assemble(TENANT, "run", 11)
+    window, _ = assemble(run, TENANT, "run", 11)
     assert window.event_ids[:3] == [first.ref, second.ref, "u3"]
     with pytest.raises(ValidationError):  # a sliding-window summary cannot replace summaries
         summarise(run, [second.ref, "u3", "a3"], iteration=12, text="three")
@@ -127,7 +128,7 @@ def test_summaries_stack_and_recursive_ones_fold_the_previous_in(run) -> None:
         summarise(run, [first.ref, "u3", "a3"], iteration=12, text="three", strategy="recursive")
     third, _, _ = summarise(run, [second.ref, "u3", "a3"], iteration=12, text="one two three", strategy="recursive")
     assert third.replaced_turns == (second.ref, "u3", "a3") and third.tokens_before == 3 + 20
-    window, _ = run.assemble(TENANT, "run", 12)
+    window, _ = assemble(run, TENANT, "run", 12)
     assert window.event_ids[:3] == [first.ref, third.ref, "u4"]
     ranges = run.transcript_window(TENANT, "run", 12).summarized_ranges
     assert [(r.summary_ref, r.replaced_turns) for r in ranges] == [
@@ -137,24 +138,27 @@ def test_summaries_stack_and_recursive_ones_fold_the_previous_in(run) -> None:
 
 
 def test_compaction_is_signalled_and_its_candidates_are_accepted(make_transcripts) -> None:
-    transcripts = make_transcripts(transcript_token_budget=200, keep_last_turns=2, compaction_fraction=0.75)
+    # A turn is u (10 chars), c (10) and r, a tool result: fed inside the untrusted-data block.
+    turn_tokens = 20 + len(fence("x" * 10))
+    budget = turn_tokens * 20 // 3  # compaction is due past 0.75 of it: 5 turns
+    transcripts = make_transcripts(transcript_token_budget=budget, keep_last_turns=2, compaction_fraction=0.75)
     transcripts.open_run(TENANT, "run", token_counter="chars", summarization=True)
     signals = []
     for turn in range(1, 9):
-        window, _ = transcripts.assemble(TENANT, "run", turn, [
+        window, _ = assemble(transcripts, TENANT, "run", turn, [
             event(f"u{turn}", turn), event(f"c{turn}", turn, type="tool_call", call_id=f"k{turn}"),
             event(f"r{turn}", turn, role="tool", type="tool_result", call_id=f"k{turn}")])
         signals.append(window.compaction)
-    assert not signals[0].due and signals[-1].due  # 8 turns x 30 chars = 240 > 150
+    assert not signals[0].due and signals[-1].due  # 8 turns > 5 turns' worth
     due = signals[-1]
     # The oldest half of what may be summarised (turns 7-8 are the verbatim floor), groups whole.
     assert due.candidate_ids == ("u1", "c1", "r1", "u2", "c2", "r2", "u3", "c3", "r3")
-    assert due.tokens_before == 90
+    assert due.tokens_before == 3 * turn_tokens
     summary, _, _ = transcripts.record_summary(TENANT, "run", SummaryRequest(9, due.candidate_ids, "s" * 20, ""))
-    assert summary.tokens_before == 90
-    window, _ = transcripts.assemble(TENANT, "run", 9, [event("u9", 9)])
-    assert window.event_ids[0] == summary.ref and window.token_count == 20 + 150 + 10
-    # Still due (160 unsummarised > 150), and the candidates now start where the summary ended.
+    assert summary.tokens_before == 3 * turn_tokens
+    window, _ = assemble(transcripts, TENANT, "run", 9, [event("u9", 9)])
+    assert window.event_ids[0] == summary.ref and window.token_count == 20 + 5 * turn_tokens + 10
+    # Still due (5 turns and u9 unsummarised), and the candidates now start where the summary ended.
     assert window.compaction.candidate_ids[:3] == ("u4", "c4", "r4")
 
 
@@ -163,7 +167,7 @@ def test_the_built_in_summariser_keeps_a_long_run_in_budget(make_transcripts, co
     transcripts.open_run(TENANT, "run", token_counter="o200k_base", summarization=True)
     count = counters.get("o200k_base").count
     for turn in range(1, 41):
-        window, _ = transcripts.assemble(TENANT, "run", turn, [
+        window, _ = assemble(transcripts, TENANT, "run", turn, [
             event(f"u{turn}", turn, f"Question {turn}: how should the agent handle case {turn * 13}?"),
             event(f"a{turn}", turn, f"Answer {turn}: it follows policy {turn % 7} and logs the outcome.",
                   role="assistant")])

@@ -8,7 +8,8 @@ import pytest
 
 from sidecar.errors import Conflict, NotFound, TokenBudgetExceeded, ValidationError
 from sidecar.transcript import NewEvent, TranscriptWindow
-from tests.conftest import TENANT
+from sidecar.untrusted import fence
+from tests.conftest import TENANT, assemble
 
 
 def event(event_id: str, iteration: int, content: str = "x", role: str = "user", type: str = "message",
@@ -152,7 +153,9 @@ def check_window(window: TranscriptWindow, sent: list[NewEvent], counter, budget
     assert window.event_ids == [e.event_id for e in prefix[window.omitted_events:]]
     for entry in entries:
         assert entry.tokens == counter(entry.text), "every entry recounts"
-        assert entry.event.content == prefix[entry.event.seq].content
+        # A tool result is fed inside the untrusted-data block; everything else as sent.
+        sent_event = prefix[entry.event.seq]
+        assert entry.event.content == (fence(sent_event.content) if sent_event.role == "tool" else sent_event.content)
         if not entry.clipped_from_tokens:
             assert entry.text == entry.event.content
     assert window.token_count == sum(entry.tokens for entry in entries) <= budget
@@ -208,7 +211,7 @@ def test_window_rules_hold_every_turn(make_transcripts, counters, counter_name: 
     fed: dict[int, TranscriptWindow] = {}
     for turn in range(1, 61):
         new = [e for e in sent if e.iteration == turn]
-        window, appended = transcripts.assemble(TENANT, "run", turn, new)
+        window, appended = assemble(transcripts, TENANT, "run", turn, new)
         assert [a.event_id for a in appended] == [e.event_id for e in new]
         check_window(window, sent[: sum(1 for e in sent if e.iteration <= turn)], count, budget)
         fed[turn] = window
@@ -218,7 +221,7 @@ def test_window_rules_hold_every_turn(make_transcripts, counters, counter_name: 
         seam = transcripts.transcript_window(TENANT, "run", turn)
         assert (seam.event_ids, seam.token_count) == (fed[turn].event_ids, fed[turn].token_count)
         assert [e.text for e in seam.entries()] == [e.text for e in fed[turn].entries()]
-        again, appended = transcripts.assemble(TENANT, "run", turn)
+        again, appended = assemble(transcripts, TENANT, "run", turn)
         assert appended == [] and again.event_ids == fed[turn].event_ids
 
 
@@ -227,7 +230,7 @@ def test_event_count_bound_is_applied_when_tighter(make_transcripts, counters) -
     transcripts.open_run(TENANT, "run", token_counter="chars", transcript_window=3)
     sent = [event(f"e{i}", i + 1, "text") for i in range(10)]
     transcripts.append_events(TENANT, "run", sent)
-    window, _ = transcripts.assemble(TENANT, "run", 10)
+    window, _ = assemble(transcripts, TENANT, "run", 10)
     assert window.event_ids == ["e7", "e8", "e9"]
     check_window(window, sent, counters.get("chars").count, 10_000, max_events=3)
 
@@ -235,11 +238,11 @@ def test_event_count_bound_is_applied_when_tighter(make_transcripts, counters) -
 def test_max_transcript_tokens_only_tightens(make_transcripts) -> None:
     transcripts = make_transcripts(token_counter="chars", transcript_token_budget=100)
     transcripts.append_events(TENANT, "run", [event(f"e{i}", i + 1, "x" * 10) for i in range(20)])
-    assert transcripts.assemble(TENANT, "run", 20, max_transcript_tokens=35)[0].token_count == 30
-    loose, _ = transcripts.assemble(TENANT, "run", 20, max_transcript_tokens=10_000)
+    assert assemble(transcripts, TENANT, "run", 20, max_transcript_tokens=35)[0].token_count == 30
+    loose, _ = assemble(transcripts, TENANT, "run", 20, max_transcript_tokens=10_000)
     assert (loose.token_budget, loose.token_count) == (100, 100)
     with pytest.raises(ValidationError) as raised:
-        transcripts.assemble(TENANT, "run", 20, max_transcript_tokens=0)
+        assemble(transcripts, TENANT, "run", 20, max_transcript_tokens=0)
     assert raised.value.violations[0].field == "max_transcript_tokens"
 
 
@@ -249,20 +252,20 @@ def test_an_oversized_active_turn_is_clipped_deterministically(make_transcripts,
     huge = "line of a very long tool result with numbers 12345 and words\n" * 400
     sent = [event("old", 1, "earlier turn"), event("call", 2, "search()", "assistant", "tool_call", "k"),
             event("result", 2, huge, "tool", "tool_result", "k"), event("note", 2, "short note")]
-    window, _ = transcripts.assemble(TENANT, "run", 2, sent)
+    window, _ = assemble(transcripts, TENANT, "run", 2, sent)
     count = counters.get("o200k_base").count
     check_window(window, sent, count, 300)
     entries = {e.event.event_id: e for e in window.entries()}
     assert window.event_ids == ["call", "result", "note"]
-    assert entries["result"].clipped_from_tokens == count(huge)
+    assert entries["result"].clipped_from_tokens == count(fence(huge))
     assert "tokens elided" in entries["result"].text
     assert entries["note"].text == "short note" and entries["note"].clipped_from_tokens == 0
-    again, _ = transcripts.assemble(TENANT, "run", 2)
+    again, _ = assemble(transcripts, TENANT, "run", 2)
     assert [e.text for e in again.entries()] == [e.text for e in window.entries()]
     seam = transcripts.transcript_window(TENANT, "run", 2)
     assert [e.text for e in seam.entries()] == [e.text for e in window.entries()]
     # The next turn no longer holds the oversized event in its active turn: it leaves whole.
-    later, _ = transcripts.assemble(TENANT, "run", 3, [event("next", 3, "next question")])
+    later, _ = assemble(transcripts, TENANT, "run", 3, [event("next", 3, "next question")])
     assert later.event_ids == ["note", "next"]
 
 
@@ -271,7 +274,7 @@ def test_a_host_defined_turn_over_budget_fails_and_writes_nothing(make_transcrip
     transcripts.open_run(TENANT, "run", token_counter="host-defined")
     transcripts.append_events(TENANT, "run", [event("a", 1, "fine", host_token_count=50)])
     with pytest.raises(TokenBudgetExceeded):
-        transcripts.assemble(TENANT, "run", 2, [event("b", 2, "too big", host_token_count=150)])
+        assemble(transcripts, TENANT, "run", 2, [event("b", 2, "too big", host_token_count=150)])
     assert [e.event_id for e in log_of(transcripts, "run")] == ["a"]
     with pytest.raises(NotFound):
         transcripts.transcript_window(TENANT, "run", 2)
@@ -280,20 +283,20 @@ def test_a_host_defined_turn_over_budget_fails_and_writes_nothing(make_transcrip
 def test_not_found_cases(make_transcripts) -> None:
     transcripts = make_transcripts(token_counter="chars")
     with pytest.raises(NotFound):
-        transcripts.assemble(TENANT, "nope", 1)
+        assemble(transcripts, TENANT, "nope", 1)
     with pytest.raises(NotFound):
         transcripts.transcript_window(TENANT, "nope", 1)
     transcripts.append_events(TENANT, "run", [event("a", 1)])
     with pytest.raises(NotFound):
         transcripts.transcript_window(TENANT, "run", 1)  # never assembled
     with pytest.raises(ValidationError):
-        transcripts.assemble(TENANT, "run", 0)
+        assemble(transcripts, TENANT, "run", 0)
 
 
 def test_appended_events_must_not_be_after_the_assembled_iteration(make_transcripts) -> None:
     transcripts = make_transcripts(token_counter="chars")
     with pytest.raises(ValidationError) as raised:
-        transcripts.assemble(TENANT, "run", 2, [event("a", 2), event("b", 3)])
+        assemble(transcripts, TENANT, "run", 2, [event("a", 2), event("b", 3)])
     assert raised.value.violations[0].field == "append_events[1].iteration"
 
 
@@ -312,6 +315,6 @@ def test_windows_span_many_chunks(make_transcripts, counters) -> None:
     sent = [event(f"e{i}", i // 10 + 1, "ab") for i in range(2600)]
     for start in range(0, len(sent), 500):
         transcripts.append_events(TENANT, "run", sent[start:start + 500])
-    window, _ = transcripts.assemble(TENANT, "run", 260)
+    window, _ = assemble(transcripts, TENANT, "run", 260)
     assert window.omitted_events == 1100 and len(window.event_ids) == 1500
     check_window(window, sent, counters.get("chars").count, 3000)

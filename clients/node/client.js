@@ -48,6 +48,14 @@ const METHODS = {
   ForgetSecrets: 'forgetSecrets',
   CompactMemory: 'compactMemory',
   ListMemoryEvents: 'listMemoryEvents',
+  UpdateProfile: 'updateProfile',
+  UpdateTask: 'updateTask',
+  LoadSkill: 'loadSkill',
+  UnloadSkill: 'unloadSkill',
+  PutStateData: 'putStateData',
+  GetState: 'getState',
+  RecordUsage: 'recordUsage',
+  ListCompactionRecords: 'listCompactionRecords',
 };
 
 // Server-streaming RPCs: the wrapper returns the grpc-js ClientReadableStream itself ('data' per

@@ -15,7 +15,7 @@ const os = require('node:os');
 const path = require('node:path');
 
 const { connect, STREAMING_METHODS, status } = require('../client');
-const { startSidecar, killSidecar } = require('./sidecar');
+const { startSidecar, killSidecar, stopWithSigterm } = require('./sidecar');
 const { assertStatus, assertReason, rejection } = require('./assertions');
 const { codePoints } = require('./text');
 
@@ -301,10 +301,7 @@ describe('memory compaction over gRPC (Node.js client)', () => {
       watch.on('end', () => resolve('end'));
     });
     watch.resume();
-    sidecar.child.kill('SIGTERM');
-    const { code, signal } = await sidecar.exited;
-    assert.equal(signal, null, `exited by signal ${signal}; stderr:\n${sidecar.stderr()}`);
-    assert.equal(code, 0, `exit code ${code}; stderr:\n${sidecar.stderr()}`);
+    await stopWithSigterm(sidecar);
     // The sidecar closes its watches before it stops: the stream ends with OK, not cut off.
     assert.equal(await ended, 'end', `the watch ended cleanly; stderr:\n${sidecar.stderr()}`);
     client.close();

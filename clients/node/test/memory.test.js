@@ -16,7 +16,7 @@ const os = require('node:os');
 const path = require('node:path');
 
 const { connect, METHODS, status } = require('../client');
-const { startSidecar, killSidecar } = require('./sidecar');
+const { startSidecar, killSidecar, stopWithSigterm } = require('./sidecar');
 const { assertStatus, rejection } = require('./assertions');
 
 const { codePoints, textGenerator } = require('./text');
@@ -430,9 +430,6 @@ describe('memory, secrets and tenants over gRPC (Node.js client)', () => {
     for (const client of [acme, globex]) client.close();
     acme = null;
     globex = null;
-    sidecar.child.kill('SIGTERM');
-    const { code, signal } = await sidecar.exited;
-    assert.equal(signal, null, `exited by signal ${signal}; stderr:\n${sidecar.stderr()}`);
-    assert.equal(code, 0, `exit code ${code}; stderr:\n${sidecar.stderr()}`);
+    await stopWithSigterm(sidecar);
   });
 });

@@ -3,6 +3,7 @@
 // Test helper (not a test; `npm test` runs test/*.test.js): start a real sidecar process for one
 // test file.
 
+const assert = require('node:assert/strict');
 const { spawn } = require('node:child_process');
 const path = require('node:path');
 const readline = require('node:readline');
@@ -67,4 +68,12 @@ async function killSidecar(sidecar) {
   }
 }
 
-module.exports = { startSidecar, killSidecar, REPO_ROOT, PYTHON };
+/** SIGTERM the sidecar and assert that it drained and exited 0 by itself. */
+async function stopWithSigterm(sidecar) {
+  sidecar.child.kill('SIGTERM');
+  const { code, signal } = await sidecar.exited;
+  assert.equal(signal, null, `exited by signal ${signal}; stderr:\n${sidecar.stderr()}`);
+  assert.equal(code, 0, `exit code ${code}; stderr:\n${sidecar.stderr()}`);
+}
+
+module.exports = { startSidecar, killSidecar, stopWithSigterm, REPO_ROOT, PYTHON };

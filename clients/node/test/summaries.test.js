@@ -15,10 +15,10 @@ const os = require('node:os');
 const path = require('node:path');
 
 const { connect, loadService, METHODS, STREAMING_METHODS, status } = require('../client');
-const { startSidecar, killSidecar } = require('./sidecar');
+const { startSidecar, killSidecar, stopWithSigterm } = require('./sidecar');
 const { assertStatus, rejection } = require('./assertions');
 
-const BUDGET = 600;
+const BUDGET = 2000;
 const KEEP_LAST_TURNS = 2;
 const COMPACTION_FRACTION = 0.75; // the sidecar's default ([context] compaction_fraction)
 const TURNS = 30;
@@ -28,7 +28,7 @@ const SUMMARY_TYPE = 'context.summary';
 const SUMMARIZED_TYPE = 'context.summarized';
 const PAYLOAD_FIELDS = ['iteration', 'replacedTurns', 'summaryRef', 'tokenCounter', 'tokensBefore', 'tokensAfter'];
 
-const { codePoints, textGenerator } = require('./text');
+const { codePoints, fedText, textGenerator } = require('./text');
 const sum = (values) => values.reduce((s, v) => s + v, 0);
 
 const sidecarFlags = () => ['--token-counter', 'chars', '--transcript-token-budget', String(BUDGET),
@@ -47,8 +47,9 @@ function toolCallContent(length) {
 }
 
 // Turn i: [results deferred from turn i-1], user message, tool call `call-<i>`, [its result(s),
-// unless deferred to turn i+1], assistant message. A turn is ~100-450 tokens: several fit the
-// budget, so compaction comes due every few turns, and no turn has to be clipped.
+// unless deferred to turn i+1], assistant message. A turn is ~300-700 tokens (a tool result is
+// fed inside the untrusted-data block, which adds its tags and preamble): several fit the budget,
+// so compaction comes due every few turns, and no turn has to be clipped.
 function planTurns() {
   const turns = [];
   let deferred = null;
@@ -105,7 +106,7 @@ function appendHostEvents(rec, turn) {
   const firstSeq = rec.log.length;
   return turn.events.map((event, k) => {
     const stored = { event_id: event.event_id, seq: firstSeq + k, iteration: event.iteration || turn.iteration,
-      role: event.role, type: event.type || 'message', content: event.content, call_id: event.call_id || '',
+      role: event.role, type: event.type || 'message', content: fedText(event, block), call_id: event.call_id || '',
       host: rec.hostEvents.length };
     rec.log.push(stored);
     rec.hostEvents.push(stored);
@@ -171,7 +172,7 @@ async function checkWindow(client, rec, resp, iteration) {
     const entry = entries[j];
     assert.deepEqual({ ...entry }, { event_id: summary.ref, seq: summary.seq, iteration: summary.iteration,
       role: 'system', type: SUMMARY_TYPE, call_id: '', text: summary.text, tokens: summary.tokens,
-      clipped_from_tokens: 0 }, `${where}: summary entry ${j}`);
+      clipped_from_tokens: 0, tool_name: '' }, `${where}: summary entry ${j}`);
     const artifact = await client.getArtifact({ run_id: rec.runId, artifact_id: entry.event_id });
     assert.equal(entry.text, artifact.content, `${where}: summary text == GetArtifact content`);
   }
@@ -192,7 +193,7 @@ async function checkWindow(client, rec, resp, iteration) {
     const event = rec.byId.get(entry.event_id);
     assert.deepEqual({ ...entry }, { event_id: event.event_id, seq: event.seq, iteration: event.iteration,
       role: event.role, type: event.type, call_id: event.call_id, text: event.content,
-      tokens: codePoints(event.content), clipped_from_tokens: 0 }, `${where}: ${entry.event_id} verbatim`);
+      tokens: codePoints(event.content), clipped_from_tokens: 0, tool_name: '' }, `${where}: ${entry.event_id} verbatim`);
   }
   assert.equal(resp.omitted_events, first.host, `${where}: omitted_events == host events before the window`);
   for (const event of prefix.filter((e) => e.iteration === iteration)) {
@@ -321,6 +322,9 @@ async function drive(client, rec, turns, { label, expectedText, onRecorded = asy
   }
 }
 
+// How untrusted content is fed (from the capability document), set before the tests run.
+let block;
+
 // --- the test -----------------------------------------------------------------------------
 
 describe('declared summarization over gRPC (Node.js client)', () => {
@@ -343,6 +347,7 @@ describe('declared summarization over gRPC (Node.js client)', () => {
     const address = await sidecar.ready;
     assert.equal(address, sidecar.address);
     client = connect(address);
+    block = JSON.parse((await client.getCapabilities({})).capabilities_json).contextWindow.untrustedBlock;
   });
 
   after(async () => {
@@ -400,7 +405,7 @@ describe('declared summarization over gRPC (Node.js client)', () => {
       } else {
         const { event_id, iteration, role, type, content, call_id } = known;
         assert.deepEqual(stored, { event_id, seq, iteration, role, type, content, call_id,
-          tokens: codePoints(content) }, `seq ${seq}`);
+          tokens: codePoints(content), tool_name: '' }, `seq ${seq}`);
       }
     });
     let ranges = 0;
@@ -470,7 +475,9 @@ describe('declared summarization over gRPC (Node.js client)', () => {
       const [a, b] = await Promise.all([client.getTranscriptWindow({ run_id: RUN_ID, iteration }),
         client.getTranscriptWindow({ run_id: FORK_ID, iteration })]);
       assert.deepEqual({ ...b, run_id: RUN_ID }, a, `GetTranscriptWindow ${iteration}: the fork's == the source's`);
-      assert.deepEqual({ ...fork.answers.get(iteration), run_id: RUN_ID }, source.answers.get(iteration),
+      // Neither run has a task, so each one's task_id (its prompt cache key) is its own id.
+      assert.equal(fork.answers.get(iteration).task_id, FORK_ID);
+      assert.deepEqual({ ...fork.answers.get(iteration), run_id: RUN_ID, task_id: RUN_ID }, source.answers.get(iteration),
         `AssembleContext ${iteration}: the fork's == the source's`);
     }
     for (const [ref, text] of originals) {
@@ -505,9 +512,6 @@ describe('declared summarization over gRPC (Node.js client)', () => {
   it('stops cleanly on SIGTERM', async () => {
     client.close();
     client = null;
-    sidecar.child.kill('SIGTERM');
-    const { code, signal } = await sidecar.exited;
-    assert.equal(signal, null, `exited by signal ${signal}; stderr:\n${sidecar.stderr()}`);
-    assert.equal(code, 0, `exit code ${code}; stderr:\n${sidecar.stderr()}`);
+    await stopWithSigterm(sidecar);
   });
 });

@@ -40,4 +40,16 @@ function textGenerator(seed, asciiWords) {
   return { rng, randInt, pick, randomText };
 }
 
-module.exports = { codePoints, textGenerator };
+/**
+ * What the sidecar stores and feeds for an event we sent: a role "tool" event's content (or one
+ * marked untrusted) inside the untrusted-data block, as the capability document's
+ * contextWindow.untrustedBlock describes it; any other event's content as sent. For content
+ * with no spelling of the block's tag in it (ours never has one).
+ */
+function fedText(event, block) {
+  if (event.role !== 'tool' && !event.untrusted) return event.content;
+  const source = event.role === 'tool' ? 'tool' : 'data';
+  return `<${block.tag} source="${source}">\n${block.preamble}\n${event.content}\n</${block.tag}>`;
+}
+
+module.exports = { codePoints, fedText, textGenerator };

@@ -14,7 +14,7 @@ const os = require('node:os');
 const path = require('node:path');
 
 const { connect, status } = require('../client');
-const { startSidecar, killSidecar } = require('./sidecar');
+const { startSidecar, killSidecar, stopWithSigterm } = require('./sidecar');
 const { assertStatus, assertReason, rejection } = require('./assertions');
 
 const BUDGET = 2000;
@@ -22,7 +22,7 @@ const TURNS = 40;
 const RUN_ID = 'node-transcript-run';
 const OVERSIZED_TURN = 27; // one turn alone exceeds the budget: its big event must be clipped
 
-const { codePoints, textGenerator } = require('./text');
+const { codePoints, fedText, textGenerator } = require('./text');
 const utf8Bytes = (text) => Buffer.byteLength(text, 'utf8');
 
 // --- the sidecar process ------------------------------------------------------------------
@@ -178,6 +178,9 @@ function checkWindow(resp, { iteration, budget, sent }) {
   return { clipped, omitted: start, groupMovedCut: clipped === 0 && naiveStart < start };
 }
 
+// How untrusted content is fed (from the capability document), set before the tests run.
+let block;
+
 // --- the test -----------------------------------------------------------------------------
 
 describe('context sidecar over gRPC (Node.js client)', () => {
@@ -199,6 +202,7 @@ describe('context sidecar over gRPC (Node.js client)', () => {
     const address = await sidecar.ready;
     assert.equal(address, sidecar.address);
     client = connect(address);
+    block = JSON.parse((await client.getCapabilities({})).capabilities_json).contextWindow.untrustedBlock;
   });
 
   after(async () => {
@@ -235,7 +239,7 @@ describe('context sidecar over gRPC (Node.js client)', () => {
       const firstSeq = sent.length;
       turn.events.forEach((event, k) => {
         sent.push({ event_id: event.event_id, seq: firstSeq + k, iteration: event.iteration || turn.iteration,
-          role: event.role, type: event.type || 'message', content: event.content, call_id: event.call_id || '' });
+          role: event.role, type: event.type || 'message', content: fedText(event, block), call_id: event.call_id || '' });
       });
       assert.equal(resp.appended.length, turn.events.length, 'one appended result per event');
       resp.appended.forEach((result, k) => {
@@ -269,7 +273,10 @@ describe('context sidecar over gRPC (Node.js client)', () => {
     const resp = answers.get(OVERSIZED_TURN);
     const clipped = resp.entries.filter((e) => e.clipped_from_tokens > 0);
     assert.deepEqual(clipped.map((e) => e.event_id), [`t${OVERSIZED_TURN}-result-1`]);
-    assert.equal(clipped[0].clipped_from_tokens, 2300);
+    // The result's own count: its 2300 code points inside the untrusted-data block.
+    const fed = sent.find((e) => e.event_id === `t${OVERSIZED_TURN}-result-1`).content;
+    assert.ok(fed.length > 2300);
+    assert.equal(clipped[0].clipped_from_tokens, codePoints(fed));
   });
 
   it('returns the recorded window from GetTranscriptWindow', async (t) => {
@@ -316,7 +323,7 @@ describe('context sidecar over gRPC (Node.js client)', () => {
     listed.forEach((stored, k) => {
       const { event_id, seq, iteration, role, type, content, call_id } = sent[k];
       assert.deepEqual(stored, { event_id, seq, iteration, role, type, content, call_id,
-        tokens: codePoints(content) });
+        tokens: codePoints(content), tool_name: '' });
     });
     // limit 0 means 100.
     const first = await client.listRunEvents({ run_id: RUN_ID });
@@ -392,9 +399,6 @@ describe('context sidecar over gRPC (Node.js client)', () => {
   it('stops cleanly on SIGTERM', async () => {
     client.close();
     client = null;
-    sidecar.child.kill('SIGTERM');
-    const { code, signal } = await sidecar.exited;
-    assert.equal(signal, null, `exited by signal ${signal}; stderr:\n${sidecar.stderr()}`);
-    assert.equal(code, 0, `exit code ${code}; stderr:\n${sidecar.stderr()}`);
+    await stopWithSigterm(sidecar);
   });
 });

@@ -28,7 +28,7 @@ class RunSettings(_message.Message):
     def __init__(self, token_counter: _Optional[str] = ..., transcript_token_budget: _Optional[int] = ..., keep_last_turns: _Optional[int] = ..., transcript_window: _Optional[int] = ..., summarization_supported: _Optional[bool] = ..., summarization_strategy: _Optional[str] = ..., keep_last_tokens: _Optional[int] = ...) -> None: ...
 
 class OpenRunRequest(_message.Message):
-    __slots__ = ("run_id", "token_counter", "transcript_token_budget", "keep_last_turns", "transcript_window", "summarization_supported", "summarization_strategy", "keep_last_tokens")
+    __slots__ = ("run_id", "token_counter", "transcript_token_budget", "keep_last_turns", "transcript_window", "summarization_supported", "summarization_strategy", "keep_last_tokens", "profile", "task")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_COUNTER_FIELD_NUMBER: _ClassVar[int]
     TRANSCRIPT_TOKEN_BUDGET_FIELD_NUMBER: _ClassVar[int]
@@ -37,6 +37,8 @@ class OpenRunRequest(_message.Message):
     SUMMARIZATION_SUPPORTED_FIELD_NUMBER: _ClassVar[int]
     SUMMARIZATION_STRATEGY_FIELD_NUMBER: _ClassVar[int]
     KEEP_LAST_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     token_counter: str
     transcript_token_budget: int
@@ -45,7 +47,9 @@ class OpenRunRequest(_message.Message):
     summarization_supported: bool
     summarization_strategy: str
     keep_last_tokens: int
-    def __init__(self, run_id: _Optional[str] = ..., token_counter: _Optional[str] = ..., transcript_token_budget: _Optional[int] = ..., keep_last_turns: _Optional[int] = ..., transcript_window: _Optional[int] = ..., summarization_supported: _Optional[bool] = ..., summarization_strategy: _Optional[str] = ..., keep_last_tokens: _Optional[int] = ...) -> None: ...
+    profile: Profile
+    task: Task
+    def __init__(self, run_id: _Optional[str] = ..., token_counter: _Optional[str] = ..., transcript_token_budget: _Optional[int] = ..., keep_last_turns: _Optional[int] = ..., transcript_window: _Optional[int] = ..., summarization_supported: _Optional[bool] = ..., summarization_strategy: _Optional[str] = ..., keep_last_tokens: _Optional[int] = ..., profile: _Optional[_Union[Profile, _Mapping]] = ..., task: _Optional[_Union[Task, _Mapping]] = ...) -> None: ...
 
 class OpenRunResponse(_message.Message):
     __slots__ = ("settings", "created")
@@ -56,7 +60,7 @@ class OpenRunResponse(_message.Message):
     def __init__(self, settings: _Optional[_Union[RunSettings, _Mapping]] = ..., created: _Optional[bool] = ...) -> None: ...
 
 class Event(_message.Message):
-    __slots__ = ("event_id", "iteration", "role", "type", "content", "call_id", "host_token_count")
+    __slots__ = ("event_id", "iteration", "role", "type", "content", "call_id", "host_token_count", "tool_name", "untrusted")
     EVENT_ID_FIELD_NUMBER: _ClassVar[int]
     ITERATION_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
@@ -64,6 +68,8 @@ class Event(_message.Message):
     CONTENT_FIELD_NUMBER: _ClassVar[int]
     CALL_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_TOKEN_COUNT_FIELD_NUMBER: _ClassVar[int]
+    TOOL_NAME_FIELD_NUMBER: _ClassVar[int]
+    UNTRUSTED_FIELD_NUMBER: _ClassVar[int]
     event_id: str
     iteration: int
     role: str
@@ -71,10 +77,12 @@ class Event(_message.Message):
     content: str
     call_id: str
     host_token_count: int
-    def __init__(self, event_id: _Optional[str] = ..., iteration: _Optional[int] = ..., role: _Optional[str] = ..., type: _Optional[str] = ..., content: _Optional[str] = ..., call_id: _Optional[str] = ..., host_token_count: _Optional[int] = ...) -> None: ...
+    tool_name: str
+    untrusted: bool
+    def __init__(self, event_id: _Optional[str] = ..., iteration: _Optional[int] = ..., role: _Optional[str] = ..., type: _Optional[str] = ..., content: _Optional[str] = ..., call_id: _Optional[str] = ..., host_token_count: _Optional[int] = ..., tool_name: _Optional[str] = ..., untrusted: _Optional[bool] = ...) -> None: ...
 
 class StoredEvent(_message.Message):
-    __slots__ = ("event_id", "seq", "iteration", "role", "type", "content", "call_id", "tokens")
+    __slots__ = ("event_id", "seq", "iteration", "role", "type", "content", "call_id", "tokens", "tool_name")
     EVENT_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     ITERATION_FIELD_NUMBER: _ClassVar[int]
@@ -83,6 +91,7 @@ class StoredEvent(_message.Message):
     CONTENT_FIELD_NUMBER: _ClassVar[int]
     CALL_ID_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_NAME_FIELD_NUMBER: _ClassVar[int]
     event_id: str
     seq: int
     iteration: int
@@ -91,7 +100,8 @@ class StoredEvent(_message.Message):
     content: str
     call_id: str
     tokens: int
-    def __init__(self, event_id: _Optional[str] = ..., seq: _Optional[int] = ..., iteration: _Optional[int] = ..., role: _Optional[str] = ..., type: _Optional[str] = ..., content: _Optional[str] = ..., call_id: _Optional[str] = ..., tokens: _Optional[int] = ...) -> None: ...
+    tool_name: str
+    def __init__(self, event_id: _Optional[str] = ..., seq: _Optional[int] = ..., iteration: _Optional[int] = ..., role: _Optional[str] = ..., type: _Optional[str] = ..., content: _Optional[str] = ..., call_id: _Optional[str] = ..., tokens: _Optional[int] = ..., tool_name: _Optional[str] = ...) -> None: ...
 
 class AppendResult(_message.Message):
     __slots__ = ("event_id", "seq", "tokens", "already_recorded")
@@ -138,19 +148,21 @@ class ListRunEventsResponse(_message.Message):
     def __init__(self, events: _Optional[_Iterable[_Union[StoredEvent, _Mapping]]] = ..., next_from_seq: _Optional[int] = ...) -> None: ...
 
 class AssembleContextRequest(_message.Message):
-    __slots__ = ("run_id", "iteration", "append_events", "max_transcript_tokens")
+    __slots__ = ("run_id", "iteration", "append_events", "max_transcript_tokens", "render")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     ITERATION_FIELD_NUMBER: _ClassVar[int]
     APPEND_EVENTS_FIELD_NUMBER: _ClassVar[int]
     MAX_TRANSCRIPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    RENDER_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     iteration: int
     append_events: _containers.RepeatedCompositeFieldContainer[Event]
     max_transcript_tokens: int
-    def __init__(self, run_id: _Optional[str] = ..., iteration: _Optional[int] = ..., append_events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., max_transcript_tokens: _Optional[int] = ...) -> None: ...
+    render: str
+    def __init__(self, run_id: _Optional[str] = ..., iteration: _Optional[int] = ..., append_events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., max_transcript_tokens: _Optional[int] = ..., render: _Optional[str] = ...) -> None: ...
 
 class WindowEntry(_message.Message):
-    __slots__ = ("event_id", "seq", "iteration", "role", "type", "call_id", "text", "tokens", "clipped_from_tokens")
+    __slots__ = ("event_id", "seq", "iteration", "role", "type", "call_id", "text", "tokens", "clipped_from_tokens", "tool_name")
     EVENT_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     ITERATION_FIELD_NUMBER: _ClassVar[int]
@@ -160,6 +172,7 @@ class WindowEntry(_message.Message):
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     CLIPPED_FROM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_NAME_FIELD_NUMBER: _ClassVar[int]
     event_id: str
     seq: int
     iteration: int
@@ -169,10 +182,11 @@ class WindowEntry(_message.Message):
     text: str
     tokens: int
     clipped_from_tokens: int
-    def __init__(self, event_id: _Optional[str] = ..., seq: _Optional[int] = ..., iteration: _Optional[int] = ..., role: _Optional[str] = ..., type: _Optional[str] = ..., call_id: _Optional[str] = ..., text: _Optional[str] = ..., tokens: _Optional[int] = ..., clipped_from_tokens: _Optional[int] = ...) -> None: ...
+    tool_name: str
+    def __init__(self, event_id: _Optional[str] = ..., seq: _Optional[int] = ..., iteration: _Optional[int] = ..., role: _Optional[str] = ..., type: _Optional[str] = ..., call_id: _Optional[str] = ..., text: _Optional[str] = ..., tokens: _Optional[int] = ..., clipped_from_tokens: _Optional[int] = ..., tool_name: _Optional[str] = ...) -> None: ...
 
 class AssembleContextResponse(_message.Message):
-    __slots__ = ("run_id", "iteration", "token_counter", "token_budget", "token_count", "entries", "event_ids", "omitted_events", "appended", "compaction")
+    __slots__ = ("run_id", "iteration", "token_counter", "token_budget", "token_count", "entries", "event_ids", "omitted_events", "appended", "compaction", "sections", "prefix_sha256", "prefix_changed", "window_tokens", "tools_tokens", "turn_limit_tokens", "task_id", "rendered")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     ITERATION_FIELD_NUMBER: _ClassVar[int]
     TOKEN_COUNTER_FIELD_NUMBER: _ClassVar[int]
@@ -183,6 +197,14 @@ class AssembleContextResponse(_message.Message):
     OMITTED_EVENTS_FIELD_NUMBER: _ClassVar[int]
     APPENDED_FIELD_NUMBER: _ClassVar[int]
     COMPACTION_FIELD_NUMBER: _ClassVar[int]
+    SECTIONS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_SHA256_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CHANGED_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TOOLS_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TURN_LIMIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    RENDERED_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     iteration: int
     token_counter: str
@@ -193,7 +215,31 @@ class AssembleContextResponse(_message.Message):
     omitted_events: int
     appended: _containers.RepeatedCompositeFieldContainer[AppendResult]
     compaction: Compaction
-    def __init__(self, run_id: _Optional[str] = ..., iteration: _Optional[int] = ..., token_counter: _Optional[str] = ..., token_budget: _Optional[int] = ..., token_count: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[WindowEntry, _Mapping]]] = ..., event_ids: _Optional[_Iterable[str]] = ..., omitted_events: _Optional[int] = ..., appended: _Optional[_Iterable[_Union[AppendResult, _Mapping]]] = ..., compaction: _Optional[_Union[Compaction, _Mapping]] = ...) -> None: ...
+    sections: _containers.RepeatedCompositeFieldContainer[Section]
+    prefix_sha256: str
+    prefix_changed: _containers.RepeatedScalarFieldContainer[str]
+    window_tokens: int
+    tools_tokens: int
+    turn_limit_tokens: int
+    task_id: str
+    rendered: str
+    def __init__(self, run_id: _Optional[str] = ..., iteration: _Optional[int] = ..., token_counter: _Optional[str] = ..., token_budget: _Optional[int] = ..., token_count: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[WindowEntry, _Mapping]]] = ..., event_ids: _Optional[_Iterable[str]] = ..., omitted_events: _Optional[int] = ..., appended: _Optional[_Iterable[_Union[AppendResult, _Mapping]]] = ..., compaction: _Optional[_Union[Compaction, _Mapping]] = ..., sections: _Optional[_Iterable[_Union[Section, _Mapping]]] = ..., prefix_sha256: _Optional[str] = ..., prefix_changed: _Optional[_Iterable[str]] = ..., window_tokens: _Optional[int] = ..., tools_tokens: _Optional[int] = ..., turn_limit_tokens: _Optional[int] = ..., task_id: _Optional[str] = ..., rendered: _Optional[str] = ...) -> None: ...
+
+class Section(_message.Message):
+    __slots__ = ("name", "stability", "never_compact", "text", "tokens", "event_ids")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STABILITY_FIELD_NUMBER: _ClassVar[int]
+    NEVER_COMPACT_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    EVENT_IDS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    stability: str
+    never_compact: bool
+    text: str
+    tokens: int
+    event_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., stability: _Optional[str] = ..., never_compact: _Optional[bool] = ..., text: _Optional[str] = ..., tokens: _Optional[int] = ..., event_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Compaction(_message.Message):
     __slots__ = ("due", "candidate_event_ids", "tokens_before")
@@ -564,3 +610,261 @@ class EventNotice(_message.Message):
     type: str
     json: str
     def __init__(self, seq: _Optional[int] = ..., type: _Optional[str] = ..., json: _Optional[str] = ...) -> None: ...
+
+class Profile(_message.Message):
+    __slots__ = ("system_prompt", "participants", "agents", "skills", "tools", "model_window_tokens")
+    SYSTEM_PROMPT_FIELD_NUMBER: _ClassVar[int]
+    PARTICIPANTS_FIELD_NUMBER: _ClassVar[int]
+    AGENTS_FIELD_NUMBER: _ClassVar[int]
+    SKILLS_FIELD_NUMBER: _ClassVar[int]
+    TOOLS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_WINDOW_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    system_prompt: str
+    participants: _containers.RepeatedCompositeFieldContainer[Participant]
+    agents: _containers.RepeatedCompositeFieldContainer[RemoteAgent]
+    skills: _containers.RepeatedCompositeFieldContainer[SkillSummary]
+    tools: _containers.RepeatedCompositeFieldContainer[ToolDefinition]
+    model_window_tokens: int
+    def __init__(self, system_prompt: _Optional[str] = ..., participants: _Optional[_Iterable[_Union[Participant, _Mapping]]] = ..., agents: _Optional[_Iterable[_Union[RemoteAgent, _Mapping]]] = ..., skills: _Optional[_Iterable[_Union[SkillSummary, _Mapping]]] = ..., tools: _Optional[_Iterable[_Union[ToolDefinition, _Mapping]]] = ..., model_window_tokens: _Optional[int] = ...) -> None: ...
+
+class Participant(_message.Message):
+    __slots__ = ("role", "description")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    role: str
+    description: str
+    def __init__(self, role: _Optional[str] = ..., description: _Optional[str] = ...) -> None: ...
+
+class RemoteAgent(_message.Message):
+    __slots__ = ("id", "name", "description", "skills")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    SKILLS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    name: str
+    description: str
+    skills: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., description: _Optional[str] = ..., skills: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class SkillSummary(_message.Message):
+    __slots__ = ("name", "description")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    description: str
+    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ...) -> None: ...
+
+class ToolDefinition(_message.Message):
+    __slots__ = ("name", "description", "parameters_json")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    PARAMETERS_JSON_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    description: str
+    parameters_json: str
+    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., parameters_json: _Optional[str] = ...) -> None: ...
+
+class Task(_message.Message):
+    __slots__ = ("task_id", "goal", "acceptance_criteria", "plan")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    GOAL_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTANCE_CRITERIA_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    goal: str
+    acceptance_criteria: _containers.RepeatedScalarFieldContainer[str]
+    plan: str
+    def __init__(self, task_id: _Optional[str] = ..., goal: _Optional[str] = ..., acceptance_criteria: _Optional[_Iterable[str]] = ..., plan: _Optional[str] = ...) -> None: ...
+
+class UpdateProfileRequest(_message.Message):
+    __slots__ = ("run_id", "profile")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    profile: Profile
+    def __init__(self, run_id: _Optional[str] = ..., profile: _Optional[_Union[Profile, _Mapping]] = ...) -> None: ...
+
+class UpdateProfileResponse(_message.Message):
+    __slots__ = ("prefix_sha256", "changed")
+    PREFIX_SHA256_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
+    prefix_sha256: str
+    changed: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, prefix_sha256: _Optional[str] = ..., changed: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class UpdateTaskRequest(_message.Message):
+    __slots__ = ("run_id", "task")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    task: Task
+    def __init__(self, run_id: _Optional[str] = ..., task: _Optional[_Union[Task, _Mapping]] = ...) -> None: ...
+
+class UpdateTaskResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class LoadedSkill(_message.Message):
+    __slots__ = ("name", "body")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    body: str
+    def __init__(self, name: _Optional[str] = ..., body: _Optional[str] = ...) -> None: ...
+
+class LoadSkillRequest(_message.Message):
+    __slots__ = ("run_id", "skill")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    SKILL_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    skill: LoadedSkill
+    def __init__(self, run_id: _Optional[str] = ..., skill: _Optional[_Union[LoadedSkill, _Mapping]] = ...) -> None: ...
+
+class LoadSkillResponse(_message.Message):
+    __slots__ = ("created",)
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    created: bool
+    def __init__(self, created: _Optional[bool] = ...) -> None: ...
+
+class UnloadSkillRequest(_message.Message):
+    __slots__ = ("run_id", "name")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    name: str
+    def __init__(self, run_id: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
+
+class UnloadSkillResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class PutStateDataRequest(_message.Message):
+    __slots__ = ("run_id", "subset", "json")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    SUBSET_FIELD_NUMBER: _ClassVar[int]
+    JSON_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    subset: str
+    json: str
+    def __init__(self, run_id: _Optional[str] = ..., subset: _Optional[str] = ..., json: _Optional[str] = ...) -> None: ...
+
+class PutStateDataResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetStateRequest(_message.Message):
+    __slots__ = ("run_id", "history_limit")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    history_limit: int
+    def __init__(self, run_id: _Optional[str] = ..., history_limit: _Optional[int] = ...) -> None: ...
+
+class SummaryInForce(_message.Message):
+    __slots__ = ("summary_ref", "text", "tokens", "iteration")
+    SUMMARY_REF_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_FIELD_NUMBER: _ClassVar[int]
+    summary_ref: str
+    text: str
+    tokens: int
+    iteration: int
+    def __init__(self, summary_ref: _Optional[str] = ..., text: _Optional[str] = ..., tokens: _Optional[int] = ..., iteration: _Optional[int] = ...) -> None: ...
+
+class AgentState(_message.Message):
+    __slots__ = ("run_id", "history", "history_total", "running_summary", "task", "loaded_skills", "last_usage", "data_json", "profile")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    LOADED_SKILLS_FIELD_NUMBER: _ClassVar[int]
+    LAST_USAGE_FIELD_NUMBER: _ClassVar[int]
+    DATA_JSON_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    history: _containers.RepeatedCompositeFieldContainer[StoredEvent]
+    history_total: int
+    running_summary: _containers.RepeatedCompositeFieldContainer[SummaryInForce]
+    task: Task
+    loaded_skills: _containers.RepeatedCompositeFieldContainer[LoadedSkill]
+    last_usage: Usage
+    data_json: str
+    profile: Profile
+    def __init__(self, run_id: _Optional[str] = ..., history: _Optional[_Iterable[_Union[StoredEvent, _Mapping]]] = ..., history_total: _Optional[int] = ..., running_summary: _Optional[_Iterable[_Union[SummaryInForce, _Mapping]]] = ..., task: _Optional[_Union[Task, _Mapping]] = ..., loaded_skills: _Optional[_Iterable[_Union[LoadedSkill, _Mapping]]] = ..., last_usage: _Optional[_Union[Usage, _Mapping]] = ..., data_json: _Optional[str] = ..., profile: _Optional[_Union[Profile, _Mapping]] = ...) -> None: ...
+
+class RecordUsageRequest(_message.Message):
+    __slots__ = ("run_id", "iteration", "input_tokens", "cached_tokens", "output_tokens")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_FIELD_NUMBER: _ClassVar[int]
+    INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    iteration: int
+    input_tokens: int
+    cached_tokens: int
+    output_tokens: int
+    def __init__(self, run_id: _Optional[str] = ..., iteration: _Optional[int] = ..., input_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ...) -> None: ...
+
+class Usage(_message.Message):
+    __slots__ = ("iteration", "input_tokens", "cached_tokens", "output_tokens", "fed_tokens", "drift_tokens", "recorded_at")
+    ITERATION_FIELD_NUMBER: _ClassVar[int]
+    INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    FED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DRIFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    RECORDED_AT_FIELD_NUMBER: _ClassVar[int]
+    iteration: int
+    input_tokens: int
+    cached_tokens: int
+    output_tokens: int
+    fed_tokens: int
+    drift_tokens: int
+    recorded_at: _timestamp_pb2.Timestamp
+    def __init__(self, iteration: _Optional[int] = ..., input_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., fed_tokens: _Optional[int] = ..., drift_tokens: _Optional[int] = ..., recorded_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class ListCompactionRecordsRequest(_message.Message):
+    __slots__ = ("run_id", "from_index", "limit")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    FROM_INDEX_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    from_index: int
+    limit: int
+    def __init__(self, run_id: _Optional[str] = ..., from_index: _Optional[int] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class CompactionRecord(_message.Message):
+    __slots__ = ("index", "task_id", "iteration", "removed_event_ids", "summary_ref", "tokens_before", "tokens_after", "recorded_at", "summarised_by", "seq")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_EVENT_IDS_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_REF_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_AFTER_FIELD_NUMBER: _ClassVar[int]
+    RECORDED_AT_FIELD_NUMBER: _ClassVar[int]
+    SUMMARISED_BY_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    task_id: str
+    iteration: int
+    removed_event_ids: _containers.RepeatedScalarFieldContainer[str]
+    summary_ref: str
+    tokens_before: int
+    tokens_after: int
+    recorded_at: _timestamp_pb2.Timestamp
+    summarised_by: str
+    seq: int
+    def __init__(self, index: _Optional[int] = ..., task_id: _Optional[str] = ..., iteration: _Optional[int] = ..., removed_event_ids: _Optional[_Iterable[str]] = ..., summary_ref: _Optional[str] = ..., tokens_before: _Optional[int] = ..., tokens_after: _Optional[int] = ..., recorded_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., summarised_by: _Optional[str] = ..., seq: _Optional[int] = ...) -> None: ...
+
+class ListCompactionRecordsResponse(_message.Message):
+    __slots__ = ("records", "next_from_index")
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_FROM_INDEX_FIELD_NUMBER: _ClassVar[int]
+    records: _containers.RepeatedCompositeFieldContainer[CompactionRecord]
+    next_from_index: int
+    def __init__(self, records: _Optional[_Iterable[_Union[CompactionRecord, _Mapping]]] = ..., next_from_index: _Optional[int] = ...) -> None: ...

@@ -124,6 +124,46 @@ class ContextSidecarStub:
                 request_serializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.ForgetSecretsRequest.SerializeToString,
                 response_deserializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.ForgetSecretsResponse.FromString,
                 _registered_method=True)
+        self.UpdateProfile = channel.unary_unary(
+                '/contextsidecar.v1.ContextSidecar/UpdateProfile',
+                request_serializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.UpdateProfileRequest.SerializeToString,
+                response_deserializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.UpdateProfileResponse.FromString,
+                _registered_method=True)
+        self.UpdateTask = channel.unary_unary(
+                '/contextsidecar.v1.ContextSidecar/UpdateTask',
+                request_serializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.UpdateTaskRequest.SerializeToString,
+                response_deserializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.UpdateTaskResponse.FromString,
+                _registered_method=True)
+        self.LoadSkill = channel.unary_unary(
+                '/contextsidecar.v1.ContextSidecar/LoadSkill',
+                request_serializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.LoadSkillRequest.SerializeToString,
+                response_deserializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.LoadSkillResponse.FromString,
+                _registered_method=True)
+        self.UnloadSkill = channel.unary_unary(
+                '/contextsidecar.v1.ContextSidecar/UnloadSkill',
+                request_serializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.UnloadSkillRequest.SerializeToString,
+                response_deserializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.UnloadSkillResponse.FromString,
+                _registered_method=True)
+        self.PutStateData = channel.unary_unary(
+                '/contextsidecar.v1.ContextSidecar/PutStateData',
+                request_serializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.PutStateDataRequest.SerializeToString,
+                response_deserializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.PutStateDataResponse.FromString,
+                _registered_method=True)
+        self.GetState = channel.unary_unary(
+                '/contextsidecar.v1.ContextSidecar/GetState',
+                request_serializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.GetStateRequest.SerializeToString,
+                response_deserializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.AgentState.FromString,
+                _registered_method=True)
+        self.RecordUsage = channel.unary_unary(
+                '/contextsidecar.v1.ContextSidecar/RecordUsage',
+                request_serializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.RecordUsageRequest.SerializeToString,
+                response_deserializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.Usage.FromString,
+                _registered_method=True)
+        self.ListCompactionRecords = channel.unary_unary(
+                '/contextsidecar.v1.ContextSidecar/ListCompactionRecords',
+                request_serializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.ListCompactionRecordsRequest.SerializeToString,
+                response_deserializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.ListCompactionRecordsResponse.FromString,
+                _registered_method=True)
         self.CompactMemory = channel.unary_unary(
                 '/contextsidecar.v1.ContextSidecar/CompactMemory',
                 request_serializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.CompactMemoryRequest.SerializeToString,
@@ -282,6 +322,68 @@ class ContextSidecarServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UpdateProfile(self, request, context):
+        """Replace the run's profile: the static sections (system prompt, participants, agents roster,
+        skills index) and the tool definitions, which together form the prompt prefix a provider
+        caches. The answer says which parts differ from the profile before.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateTask(self, request, context):
+        """Replace the run's task (id, goal, acceptance criteria, plan): the per-task sections.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LoadSkill(self, request, context):
+        """Load a skill's body into the run's per-task sections (replacing one of the same name), or
+        unload it (NOT_FOUND if it is not loaded).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnloadSkill(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PutStateData(self, request, context):
+        """Set one named subset of the run's agent-state data (a JSON value). A subset described by a
+        JSON schema ([context] state_schemas_dir, or the plugin's) is validated first:
+        INVALID_ARGUMENT / state_invalid naming the schema path that failed, and nothing is written.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetState(self, request, context):
+        """The run's agent state: the history not yet summarised (events with their ids), the running
+        summary, the task, the loaded skills, the last usage and the data.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RecordUsage(self, request, context):
+        """What the provider reported for an assembled iteration; the answer compares it with what the
+        sidecar counted it fed (the drift shows when the run's counter disagrees with the provider).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListCompactionRecords(self, request, context):
+        """The run's compactions: one record per context.summarized entry of its log, oldest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CompactMemory(self, request, context):
         """Distil memory entries into one (RFC 0012, trigger "client-requested"): the given sources,
         or the background job's candidates; the host's summary_text, or the built-in extractive
@@ -400,6 +502,46 @@ def add_ContextSidecarServicer_to_server(servicer, server):
                     servicer.ForgetSecrets,
                     request_deserializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.ForgetSecretsRequest.FromString,
                     response_serializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.ForgetSecretsResponse.SerializeToString,
+            ),
+            'UpdateProfile': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateProfile,
+                    request_deserializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.UpdateProfileRequest.FromString,
+                    response_serializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.UpdateProfileResponse.SerializeToString,
+            ),
+            'UpdateTask': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateTask,
+                    request_deserializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.UpdateTaskRequest.FromString,
+                    response_serializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.UpdateTaskResponse.SerializeToString,
+            ),
+            'LoadSkill': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadSkill,
+                    request_deserializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.LoadSkillRequest.FromString,
+                    response_serializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.LoadSkillResponse.SerializeToString,
+            ),
+            'UnloadSkill': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnloadSkill,
+                    request_deserializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.UnloadSkillRequest.FromString,
+                    response_serializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.UnloadSkillResponse.SerializeToString,
+            ),
+            'PutStateData': grpc.unary_unary_rpc_method_handler(
+                    servicer.PutStateData,
+                    request_deserializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.PutStateDataRequest.FromString,
+                    response_serializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.PutStateDataResponse.SerializeToString,
+            ),
+            'GetState': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetState,
+                    request_deserializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.GetStateRequest.FromString,
+                    response_serializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.AgentState.SerializeToString,
+            ),
+            'RecordUsage': grpc.unary_unary_rpc_method_handler(
+                    servicer.RecordUsage,
+                    request_deserializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.RecordUsageRequest.FromString,
+                    response_serializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.Usage.SerializeToString,
+            ),
+            'ListCompactionRecords': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListCompactionRecords,
+                    request_deserializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.ListCompactionRecordsRequest.FromString,
+                    response_serializer=sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.ListCompactionRecordsResponse.SerializeToString,
             ),
             'CompactMemory': grpc.unary_unary_rpc_method_handler(
                     servicer.CompactMemory,
@@ -903,6 +1045,222 @@ class ContextSidecar:
             '/contextsidecar.v1.ContextSidecar/ForgetSecrets',
             sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.ForgetSecretsRequest.SerializeToString,
             sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.ForgetSecretsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateProfile(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/contextsidecar.v1.ContextSidecar/UpdateProfile',
+            sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.UpdateProfileRequest.SerializeToString,
+            sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.UpdateProfileResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateTask(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/contextsidecar.v1.ContextSidecar/UpdateTask',
+            sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.UpdateTaskRequest.SerializeToString,
+            sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.UpdateTaskResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadSkill(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/contextsidecar.v1.ContextSidecar/LoadSkill',
+            sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.LoadSkillRequest.SerializeToString,
+            sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.LoadSkillResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnloadSkill(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/contextsidecar.v1.ContextSidecar/UnloadSkill',
+            sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.UnloadSkillRequest.SerializeToString,
+            sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.UnloadSkillResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PutStateData(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/contextsidecar.v1.ContextSidecar/PutStateData',
+            sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.PutStateDataRequest.SerializeToString,
+            sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.PutStateDataResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetState(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/contextsidecar.v1.ContextSidecar/GetState',
+            sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.GetStateRequest.SerializeToString,
+            sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.AgentState.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RecordUsage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/contextsidecar.v1.ContextSidecar/RecordUsage',
+            sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.RecordUsageRequest.SerializeToString,
+            sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.Usage.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListCompactionRecords(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/contextsidecar.v1.ContextSidecar/ListCompactionRecords',
+            sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.ListCompactionRecordsRequest.SerializeToString,
+            sidecar_dot_pb_dot_contextsidecar_dot_v1_dot_sidecar__pb2.ListCompactionRecordsResponse.FromString,
             options,
             channel_credentials,
             insecure,

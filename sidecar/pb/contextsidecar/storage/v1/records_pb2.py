@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n2sidecar/pb/contextsidecar/storage/v1/records.proto\x12\x19\x63ontextsidecar.storage.v1\"\x8d\x01\n\x0b\x45ventRecord\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x05\x12\x11\n\titeration\x18\x03 \x01(\x05\x12\x0c\n\x04role\x18\x04 \x01(\t\x12\x0c\n\x04type\x18\x05 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x06 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x07 \x01(\t\x12\x0e\n\x06tokens\x18\x08 \x01(\x05\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n2sidecar/pb/contextsidecar/storage/v1/records.proto\x12\x19\x63ontextsidecar.storage.v1\"\xa0\x01\n\x0b\x45ventRecord\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x05\x12\x11\n\titeration\x18\x03 \x01(\x05\x12\x0c\n\x04role\x18\x04 \x01(\t\x12\x0c\n\x04type\x18\x05 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x06 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x07 \x01(\t\x12\x0e\n\x06tokens\x18\x08 \x01(\x05\x12\x11\n\ttool_name\x18\n \x01(\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,5 +32,5 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'sidecar.pb.contextsidecar.s
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_EVENTRECORD']._serialized_start=82
-  _globals['_EVENTRECORD']._serialized_end=223
+  _globals['_EVENTRECORD']._serialized_end=242
 # @@protoc_insertion_point(module_scope)

@@ -5,7 +5,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class EventRecord(_message.Message):
-    __slots__ = ("event_id", "seq", "iteration", "role", "type", "call_id", "content", "tokens")
+    __slots__ = ("event_id", "seq", "iteration", "role", "type", "call_id", "content", "tokens", "tool_name")
     EVENT_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     ITERATION_FIELD_NUMBER: _ClassVar[int]
@@ -14,6 +14,7 @@ class EventRecord(_message.Message):
     CALL_ID_FIELD_NUMBER: _ClassVar[int]
     CONTENT_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_NAME_FIELD_NUMBER: _ClassVar[int]
     event_id: str
     seq: int
     iteration: int
@@ -22,4 +23,5 @@ class EventRecord(_message.Message):
     call_id: str
     content: str
     tokens: int
-    def __init__(self, event_id: _Optional[str] = ..., seq: _Optional[int] = ..., iteration: _Optional[int] = ..., role: _Optional[str] = ..., type: _Optional[str] = ..., call_id: _Optional[str] = ..., content: _Optional[str] = ..., tokens: _Optional[int] = ...) -> None: ...
+    tool_name: str
+    def __init__(self, event_id: _Optional[str] = ..., seq: _Optional[int] = ..., iteration: _Optional[int] = ..., role: _Optional[str] = ..., type: _Optional[str] = ..., call_id: _Optional[str] = ..., content: _Optional[str] = ..., tokens: _Optional[int] = ..., tool_name: _Optional[str] = ...) -> None: ...

@@ -1,0 +1,160 @@
+"""Agent state beyond the transcript (the context-window capability's AgentState): the data, a
+JSON object whose named subsets a JSON schema may describe, and the usage the provider reported
+for each iteration, set beside what the sidecar counted it fed.
+
+A subset's schema comes from ``[context] state_schemas_dir`` (``<subset>.schema.json``) or from
+the plugin's ``state_schemas``; every schema is checked when the sidecar starts, and a write to
+a described subset is validated before anything is written.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import jsonschema
+import lmdb
+
+from sidecar.errors import FieldViolation, NotFound, StateInvalid, ValidationError
+from sidecar.records import dump_json, load_json
+from sidecar.store import be32
+
+SUBSET = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+SCHEMA_SUFFIX = ".schema.json"
+MAX_COUNT = 2**31 - 1
+
+
+class StateSchemas:
+    """The validators of the described subsets."""
+
+    def __init__(self, schemas: Mapping[str, Any] | None = None) -> None:
+        self._validators: dict[str, Any] = {}
+        for subset, schema in (schemas or {}).items():
+            if not isinstance(subset, str) or not SUBSET.match(subset):
+                raise ValueError(f"state schema {subset!r}: a subset name is 1-64 of A-Z a-z 0-9 _ . -")
+            cls = jsonschema.validators.validator_for(schema)
+            try:
+                cls.check_schema(schema)
+            except jsonschema.SchemaError as error:
+                raise ValueError(f"state schema {subset!r} is not a valid JSON schema: {error.message}") from None
+            self._validators[subset] = cls(schema)
+
+    @property
+    def subsets(self) -> list[str]:
+        return sorted(self._validators)
+
+    @classmethod
+    def load(cls, directory: str, plugin_schemas: Mapping[str, Any]) -> StateSchemas:
+        """The schemas of a folder of ``<subset>.schema.json`` and the plugin's; ValueError on a
+        bad file, a bad schema or a subset described twice."""
+        schemas: dict[str, Any] = {}
+        if directory:
+            folder = Path(directory)
+            if not folder.is_dir():
+                raise ValueError(f"[context] state_schemas_dir: {directory!r} is not a folder")
+            for path in sorted(folder.glob("*" + SCHEMA_SUFFIX)):
+                try:
+                    schemas[path.name[:-len(SCHEMA_SUFFIX)]] = json.loads(path.read_text(encoding="utf-8"))
+                except (OSError, ValueError) as error:
+                    raise ValueError(f"state schema {path}: cannot be read as JSON: {error}") from None
+        twice = sorted(set(schemas) & set(plugin_schemas))
+        if twice:
+            raise ValueError(f"state schemas {twice} are described both in [context] state_schemas_dir and by the plugin")
+        return cls({**schemas, **plugin_schemas})
+
+    def check(self, subset: str, value: Any) -> None:
+        validator = self._validators.get(subset)
+        if validator is None:
+            return
+        error = jsonschema.exceptions.best_match(validator.iter_errors(value))
+        if error is None:
+            return
+        schema_path = "/" + "/".join(str(part) for part in error.absolute_schema_path)
+        where = error.json_path
+        raise StateInvalid(f"json: subset {subset!r} at {where}: {error.message} (schema path {schema_path})",
+                           (FieldViolation("json", f"at {where}: {error.message} (schema path {schema_path})"),),
+                           {"subset": subset, "schema_path": schema_path, "instance_path": where})
+
+
+def check_subset(subset: str) -> str:
+    if not SUBSET.match(subset):
+        raise ValidationError.field("subset", "must be 1-64 of A-Z a-z 0-9 _ . -")
+    return subset
+
+
+def parse_value(text: str, limit: int) -> Any:
+    size = len(text.encode("utf-8"))
+    if size > limit:
+        raise ValidationError.field("json", f"is {size} bytes; at most {limit} are allowed ([context] max_event_bytes)")
+    try:
+        return json.loads(text)
+    except ValueError as error:
+        raise ValidationError.field("json", f"is not JSON: {error}") from None
+
+
+def put_data(txn: lmdb.Transaction, db: dict, key: bytes, subset: str, value: Any) -> None:
+    """Set a subset (null removes it)."""
+    subset_key = key + subset.encode("utf-8")
+    if value is None:
+        txn.delete(subset_key, db=db["state_data"])
+    else:
+        txn.put(subset_key, json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8"),
+                db=db["state_data"])
+
+
+def read_data(txn: lmdb.Transaction, db: dict, key: bytes) -> dict[str, Any]:
+    data: dict[str, Any] = {}
+    cursor = txn.cursor(db=db["state_data"])
+    if cursor.set_range(key):
+        for subset_key, value in cursor:
+            if not subset_key.startswith(key):
+                break
+            data[subset_key[len(key):].decode("utf-8")] = json.loads(value)
+    return data
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    iteration: int
+    input_tokens: int
+    cached_tokens: int
+    output_tokens: int
+    fed_tokens: int  # what the sidecar counted it fed that iteration
+    drift_tokens: int  # input_tokens - fed_tokens
+    recorded_ms: int
+
+    @classmethod
+    def parse(cls, data: bytes) -> Usage:
+        return cls(**load_json(data))
+
+
+def record_usage(txn: lmdb.Transaction, db: dict, key: bytes, run_id: str, iteration: int, input_tokens: int,
+                 cached_tokens: int, output_tokens: int, now_ms: int) -> Usage:
+    for name, value in (("input_tokens", input_tokens), ("cached_tokens", cached_tokens),
+                        ("output_tokens", output_tokens)):
+        if not 0 <= value <= MAX_COUNT:
+            raise ValidationError.field(name, f"must be between 0 and {MAX_COUNT}")
+    if cached_tokens > input_tokens:
+        raise ValidationError.field("cached_tokens", f"is {cached_tokens}, more than input_tokens ({input_tokens})")
+    window = txn.get(key + be32(iteration), db=db["windows"])
+    if window is None:
+        raise NotFound(f"iteration {iteration} of run {run_id!r} was never assembled")
+    record = load_json(window)
+    fed = record.get("window_tokens", record["tokens"])
+    usage = Usage(iteration, input_tokens, cached_tokens, output_tokens, fed, input_tokens - fed, now_ms)
+    txn.put(key + be32(iteration), dump_json({name: getattr(usage, name) for name in usage.__slots__}),
+            db=db["usage"])
+    return usage
+
+
+def last_usage(txn: lmdb.Transaction, db: dict, key: bytes) -> Usage | None:
+    """The usage of the newest iteration that has one."""
+    cursor = txn.cursor(db=db["usage"])
+    # The run's last key is just before the first key past its range (key + be32(iteration)).
+    found = cursor.prev() if cursor.set_range(key + b"\xff" * 4) else cursor.last()
+    if not found or not cursor.key().startswith(key):
+        return None
+    return Usage.parse(cursor.value())

@@ -1,0 +1,179 @@
+"""The whole context window of a turn (the context-window capability): the sections in their
+declared order, the turn limit that bounds them with the transcript, which sections the policy
+keeps, and the provider renderings.
+
+The order is static (system prompt, participants, agents, skills index; the tools travel as
+the tool list), per-task (task, plan, loaded skills' bodies), per-turn (the state summary, the
+history and the tool results: the transcript window's summaries, its events, and the trailing
+tool results the model is to act on). The static sections and the tools are the prompt prefix
+a provider caches; they come from the profile as rendered when it was written, so the prefix is
+byte-identical on every turn until the profile changes, and when it changes the answer names
+the parts that did.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from sidecar.errors import TokenBudgetExceeded, ValidationError
+from sidecar.policy import KeepInput, Policy, SectionTokens
+from sidecar.profiles import STATIC_PARTS, CountedSection, PreparedProfile, PreparedTask, prefix, statics
+from sidecar.records import StoredEvent, decode_event
+from sidecar.rendering import (AnthropicStatic, HistoryItem, OpenAIStatic, TextSection, anthropic_messages,
+                               openai_responses, quote)
+from sidecar.window import TranscriptWindow
+
+RENDERINGS = ("openai_responses", "anthropic_messages")
+TRANSCRIPT_SECTIONS = ("state_summary", "history", "tool_results")
+MAX_COUNT = 2**31 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class Section:
+    name: str
+    stability: str  # "static", "per_task" or "per_turn"
+    never_compact: bool
+    text: str  # what is fed, for a text section; "" for the transcript's sections
+    tokens: int
+    event_ids: tuple[str, ...] = ()  # a transcript section's entries
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """The text sections a turn feeds, and the room they leave the transcript under the turn
+    limit. It depends only on the profile, the task and the policy, so it is built once per
+    (profile, task) and reused."""
+
+    profile: PreparedProfile
+    task: PreparedTask
+    task_id: str  # the task's id, or the run's when it has none: OpenAI's prompt_cache_key
+    sections: tuple[CountedSection, ...]  # fed, in order
+    kept: frozenset[str]  # never compacted (the keep hook's answer)
+    trimmed: tuple[str, ...]  # left out to fit the turn limit, newest-declared first
+    turn_limit: int
+    fixed_tokens: int  # the fed sections' and the tools' tokens
+    transcript_room: int  # what the turn limit leaves the transcript
+    # The prefix as fed (the profile's, unless a static section was trimmed).
+    parts: dict[str, str]
+    prefix_sha256: str
+    openai: OpenAIStatic
+    anthropic: AnthropicStatic
+
+
+def layout(policy: Policy, profile: PreparedProfile, task: PreparedTask, run_id: str, model_window_tokens: int,
+           turn_budget_tokens: int) -> Layout:
+    """Keep what the policy keeps; when the sections and tools alone would not leave the
+    transcript a token under the turn limit, leave out sections it does not keep, the
+    last-declared first. TokenBudgetExceeded when even that is not enough."""
+    limit = min(profile.profile.model_window_tokens or model_window_tokens, turn_budget_tokens or MAX_COUNT)
+    sections = profile.sections + task.sections
+    kept = policy.keep(KeepInput(tuple(SectionTokens(s.name, s.stability, s.tokens) for s in sections)
+                                 + tuple(SectionTokens(name, "per_turn", 0) for name in TRANSCRIPT_SECTIONS)))
+    fed = list(sections)
+    fixed = sum(s.tokens for s in sections) + profile.tools_tokens
+    trimmed = []
+    for section in reversed(sections):
+        if fixed < limit:
+            break
+        if section.name not in kept:
+            fed.remove(section)
+            trimmed.append(section.name)
+            fixed -= section.tokens
+    if fixed >= limit:
+        raise TokenBudgetExceeded(
+            f"the sections the policy keeps and the tools take {fixed} tokens, which leaves the transcript "
+            f"nothing under the turn limit of {limit} (the model's window, or [context] turn_budget_tokens)")
+    parts, sha, openai, anthropic = profile.parts, profile.prefix_sha256, profile.openai, profile.anthropic
+    static = [s for s in fed if s.stability == "static"]
+    if len(static) != len(profile.sections):  # a static section was trimmed: the prefix fed is another
+        parts, sha = prefix(static, profile.tools_json)
+        openai, anthropic = statics(profile.profile, static)
+    return Layout(profile, task, task.task.task_id or run_id, tuple(fed), kept, tuple(trimmed), limit, fixed,
+                  limit - fixed, parts, sha, openai, anthropic)
+
+
+def check_render(render: str) -> str:
+    if render and render not in RENDERINGS:
+        raise ValidationError.field("render", f"must be empty or one of {', '.join(RENDERINGS)}")
+    return render
+
+
+def prefix_changed(plan: Layout, fed_before: dict[str, str] | None) -> tuple[str, ...]:
+    """The prefix parts that differ from those fed at the run's previous assembly."""
+    if fed_before is None:
+        return ()
+    return tuple(part for part in STATIC_PARTS if fed_before.get(part) != plan.parts[part])
+
+
+def entry_at(window: TranscriptWindow, position: int) -> tuple[StoredEvent, str, int]:
+    """The entry at ``position``: its event, the text fed and that text's tokens."""
+    event = decode_event(window.records[position])
+    clip = window.clips.get(position)
+    return (event, event.content, event.tokens) if clip is None else (event, clip.text, clip.tokens)
+
+
+def sections(plan: Layout, window: TranscriptWindow, with_text: bool = True) -> list[Section]:
+    """Every section of the window, in the declared order. The transcript's sections name
+    their entries; their tokens add up to the window's transcript tokens."""
+    kept = plan.kept
+    out = [Section(s.name, s.stability, s.name in kept, s.text if with_text else "", s.tokens) for s in plan.sections]
+    fed = window.summaries_fed
+    tail = len(window.records)
+    tail_tokens = 0
+    # The tool results the model is to act on: the trailing run of role "tool" entries.
+    while tail > fed:
+        event, _, tokens = entry_at(window, tail - 1)
+        if event.role != "tool":
+            break
+        tail -= 1
+        tail_tokens += tokens
+    summary_tokens = sum(entry_at(window, i)[2] for i in range(fed))
+    ids = window.event_ids
+    if fed:
+        out.append(Section("state_summary", "per_turn", "state_summary" in kept, "", summary_tokens, tuple(ids[:fed])))
+    if tail > fed:
+        out.append(Section("history", "per_turn", "history" in kept, "",
+                           window.token_count - summary_tokens - tail_tokens, tuple(ids[fed:tail])))
+    if tail < len(window.records):
+        out.append(Section("tool_results", "per_turn", "tool_results" in kept, "", tail_tokens, tuple(ids[tail:])))
+    return out
+
+
+class HistoryCache:
+    """The window's entries as renderings take them, each with its text already quoted as JSON,
+    by (run, incarnation, event id): an event never changes, and a turn's window is mostly the
+    previous turn's, so a turn decodes and quotes only what is new. Clipped entries are not kept
+    (their text depends on the window). The oldest go first once it holds ``size``."""
+
+    def __init__(self, size: int = 20_000) -> None:
+        self._items: OrderedDict[tuple, HistoryItem] = OrderedDict()
+        self._lock = threading.Lock()
+        self._size = size
+
+    def items(self, window: TranscriptWindow, run: tuple) -> list[HistoryItem]:
+        found = self._items
+        history = []
+        for position, event_id in enumerate(window.event_ids):
+            clipped = position in window.clips
+            item = None if clipped else found.get((run, event_id))
+            if item is None:
+                event, text, _ = entry_at(window, position)
+                item = HistoryItem(event.event_id, event.role, event.type, text, event.call_id, event.tool_name,
+                                   quote(text))
+                if not clipped:
+                    with self._lock:
+                        found[(run, event_id)] = item
+                        if len(found) > self._size:
+                            found.popitem(last=False)
+            history.append(item)
+        return history
+
+
+def render(kind: str, plan: Layout, window: TranscriptWindow, history: list[HistoryItem]) -> str:
+    """The provider request body for the window (JSON); ``history`` is its entries as items."""
+    task_sections = [TextSection(s.name, s.stability, s.text) for s in plan.sections if s.stability != "static"]
+    if kind == "openai_responses":
+        return openai_responses(plan.openai, task_sections, history, plan.task_id)
+    return anthropic_messages(plan.anthropic, task_sections, history)

@@ -1,0 +1,233 @@
+"""What a run feeds besides its transcript: its profile, its task and loaded skills, its
+agent-state data, the usage reported for it, and the layout of its window.
+
+Each write validates and redacts first, renders and counts outside the write lock, then writes
+in one transaction; the run record names the profile and task records by digest, so a turn
+finds their prepared form in the cache without reading them.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+import lmdb
+
+from sidecar import agent_state
+from sidecar.agent_state import StateSchemas, Usage
+from sidecar.context_window import Layout, layout
+from sidecar.counting import Counters
+from sidecar.errors import Conflict, FieldViolation, NotFound, ValidationError
+from sidecar.policy import Policy
+from sidecar.profiles import (STATIC_PARTS, LoadedSkill, PreparedProfile, PreparedTask, Profile, ProfileCache, Task,
+                              check_profile, check_skill, check_task, digest, load_profile, load_task,
+                              profile_record, redacted_profile, redacted_task, stored_task, task_record)
+from sidecar.redaction import Redactor
+from sidecar.runs import Run, require_run, run_key, save_run
+from sidecar.settings import ContextSettings
+from sidecar.store import Store
+
+HOST_DEFINED = "host-defined"
+
+
+@dataclass(slots=True)
+class NewContext:
+    profile_record: bytes | None = None
+    task_record: bytes | None = None
+    task: Task | None = None  # as given, redacted
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileUpdate:
+    prefix_sha256: str
+    changed: tuple[str, ...]  # the prefix parts that differ from the profile before
+
+
+class RunContexts:
+    def __init__(self, store: Store, counters: Counters, defaults: ContextSettings, redactor: Redactor,
+                 policy: Policy | None = None, schemas: StateSchemas | None = None) -> None:
+        self._store = store
+        self._db = store.db
+        self._counters = counters
+        self._defaults = defaults
+        self._redactor = redactor
+        self.policy = policy or Policy()
+        self.schemas = schemas or StateSchemas()
+        self._cache = ProfileCache()
+
+    # -- what a turn reads ---------------------------------------------------------------------
+
+    def layout(self, txn: lmdb.Transaction, key: bytes, run: Run, run_id: str) -> Layout:
+        """The run's window layout (cached per profile, task and counter)."""
+        cache_key = (key, f"{run.profile_digest}/{run.task_digest}/layout")
+        return self._cache.get(cache_key, lambda: layout(
+            self.policy, self.profile(txn, key, run), load_task(txn, self._db, key, run, self._cache), run_id,
+            self._defaults.model_window_tokens, self._defaults.turn_budget_tokens))
+
+    def profile(self, txn: lmdb.Transaction, key: bytes, run: Run) -> PreparedProfile:
+        return load_profile(txn, self._db, key, run, self._cache)
+
+    # -- the profile and the task ---------------------------------------------------------------
+
+    def _redact(self, tenant: str, run_id: str) -> Callable[[str], str]:
+        return lambda text: self._redactor.redact(tenant, run_id, text).text
+
+    def _counter(self, run: Run, field: str) -> Callable[[str], int]:
+        if run.settings.token_counter == HOST_DEFINED:
+            raise ValidationError.field(field, "the run counts tokens in host-defined units, in which the sidecar "
+                                        "cannot count its sections; open the run with a sidecar counter")
+        return self._counters.get(run.settings.token_counter).count
+
+    def prepare_new(self, tenant: str, run_id: str, run: Run, profile: Profile | None,
+                    task: Task | None) -> NewContext:
+        """What OpenRun gives a run: the profile and task records (None where not given)."""
+        limit = self._defaults.max_event_bytes
+        redact = self._redact(tenant, run_id)
+        new = NewContext()
+        if profile is not None:
+            check_profile(profile, limit)
+            new.profile_record = profile_record(redacted_profile(profile, redact), self._counter(run, "profile"))
+        if task is not None:
+            check_task(task, limit)
+            new.task = redacted_task(task, redact)
+            new.task_record = task_record(new.task, (), self._counter(run, "task"))
+        return new
+
+    def confirm(self, txn: lmdb.Transaction, key: bytes, run: Run, run_id: str, new: NewContext) -> None:
+        """An existing run is confirmed when the profile and task given are the run's (its loaded
+        skills aside: they are not OpenRun's)."""
+        differing = []
+        if new.profile_record is not None and digest(new.profile_record) != run.profile_digest:
+            differing.append("profile")
+        if new.task is not None and stored_task(txn, self._db, key)[0] != new.task:
+            differing.append("task")
+        if differing:
+            raise Conflict(f"run {run_id!r} already exists with a different {' and '.join(differing)}",
+                           tuple(FieldViolation(name, "differs from the run's") for name in differing))
+
+    def store_new(self, txn: lmdb.Transaction, key: bytes, run: Run, new: NewContext) -> None:
+        """Give a run being created what :meth:`prepare_new` made."""
+        if new.profile_record is not None:
+            txn.put(key, new.profile_record, db=self._db["profiles"])
+            run.profile_digest = digest(new.profile_record)
+        if new.task_record is not None:
+            txn.put(key, new.task_record, db=self._db["tasks"])
+            run.task_digest = digest(new.task_record)
+
+    def update_profile(self, tenant: str, run_id: str, profile: Profile) -> ProfileUpdate:
+        key = run_key(tenant, run_id)
+        check_profile(profile, self._defaults.max_event_bytes)
+        with self._store.read() as txn:
+            run = require_run(txn, self._db, key, run_id)
+        record = profile_record(redacted_profile(profile, self._redact(tenant, run_id)), self._counter(run, "profile"))
+
+        def write(txn: lmdb.Transaction) -> ProfileUpdate:
+            run = require_run(txn, self._db, key, run_id)
+            before = self.profile(txn, key, run)
+            txn.put(key, record, db=self._db["profiles"])
+            run.profile_digest = digest(record)
+            save_run(txn, self._db, key, run)
+            after = self.profile(txn, key, run)
+            return ProfileUpdate(after.prefix_sha256,
+                                 tuple(p for p in STATIC_PARTS if before.parts[p] != after.parts[p]))
+
+        return self._store.write(write)
+
+    def update_task(self, tenant: str, run_id: str, task: Task) -> None:
+        check_task(task, self._defaults.max_event_bytes)
+        task = redacted_task(task, self._redact(tenant, run_id))
+        self._rewrite_task(tenant, run_id, "task", lambda _, skills: (task, skills))
+
+    def load_skill(self, tenant: str, run_id: str, skill: LoadedSkill) -> bool:
+        """Load (or replace) a skill; True when none of that name was loaded."""
+        check_skill(skill, self._defaults.max_event_bytes)
+        skill = replace(skill, body=self._redactor.redact(tenant, run_id, skill.body).text)
+        created: list[bool] = []
+
+        def change(task: Task, skills: tuple[LoadedSkill, ...]) -> tuple[Task, tuple[LoadedSkill, ...]]:
+            created[:] = [all(s.name != skill.name for s in skills)]
+            return task, tuple(s for s in skills if s.name != skill.name) + (skill,)
+
+        self._rewrite_task(tenant, run_id, "skill", change)
+        return created[0]
+
+    def unload_skill(self, tenant: str, run_id: str, name: str) -> None:
+        def change(task: Task, skills: tuple[LoadedSkill, ...]) -> tuple[Task, tuple[LoadedSkill, ...]]:
+            if all(s.name != name for s in skills):
+                raise NotFound(f"no skill {name!r} is loaded in run {run_id!r}")
+            return task, tuple(s for s in skills if s.name != name)
+
+        self._rewrite_task(tenant, run_id, "name", change)
+
+    def _rewrite_task(self, tenant: str, run_id: str, field: str,
+                      change: Callable[[Task, tuple[LoadedSkill, ...]], tuple[Task, tuple[LoadedSkill, ...]]]) -> None:
+        """Change the task record. Its sections are counted before the write lock is taken; the
+        change is made again on what the transaction reads, and only a text counted differently
+        from before (a concurrent change) is counted under the lock."""
+        key = run_key(tenant, run_id)
+        with self._store.read() as txn:
+            run = require_run(txn, self._db, key, run_id)
+            counted = _Memo(self._counter(run, field))
+            task_record(*change(*stored_task(txn, self._db, key)), counted)
+
+        def write(txn: lmdb.Transaction) -> None:
+            run = require_run(txn, self._db, key, run_id)
+            record = task_record(*change(*stored_task(txn, self._db, key)), counted)
+            txn.put(key, record, db=self._db["tasks"])
+            run.task_digest = digest(record)
+            save_run(txn, self._db, key, run)
+
+        self._store.write(write)
+
+    # -- agent state ----------------------------------------------------------------------------
+
+    def put_state_data(self, tenant: str, run_id: str, subset: str, json_text: str) -> None:
+        key = run_key(tenant, run_id)
+        agent_state.check_subset(subset)
+        value = agent_state.parse_value(json_text, self._defaults.max_event_bytes)
+        if value is not None:
+            self.schemas.check(subset, value)
+
+        def write(txn: lmdb.Transaction) -> None:
+            require_run(txn, self._db, key, run_id)
+            agent_state.put_data(txn, self._db, key, subset, value)
+
+        self._store.write(write)
+
+    def state_data(self, txn: lmdb.Transaction, key: bytes) -> dict[str, Any]:
+        return agent_state.read_data(txn, self._db, key)
+
+    def task_of(self, txn: lmdb.Transaction, key: bytes, run: Run) -> PreparedTask:
+        return load_task(txn, self._db, key, run, self._cache)
+
+    def record_usage(self, tenant: str, run_id: str, iteration: int, input_tokens: int, cached_tokens: int,
+                     output_tokens: int) -> Usage:
+        key = run_key(tenant, run_id)
+        if iteration < 1:
+            raise ValidationError.field("iteration", f"must be at least 1, got {iteration}")
+        now_ms = int(time.time() * 1000)
+
+        def write(txn: lmdb.Transaction) -> Usage:
+            require_run(txn, self._db, key, run_id)
+            return agent_state.record_usage(txn, self._db, key, run_id, iteration, input_tokens, cached_tokens,
+                                            output_tokens, now_ms)
+
+        return self._store.write(write)
+
+    def last_usage(self, txn: lmdb.Transaction, key: bytes) -> Usage | None:
+        return agent_state.last_usage(txn, self._db, key)
+
+
+class _Memo:
+    """A counter that remembers its counts, so a text counted before the lock is not counted again."""
+
+    def __init__(self, count: Callable[[str], int]) -> None:
+        self._count = count
+        self._known: dict[str, int] = {}
+
+    def __call__(self, text: str) -> int:
+        if text not in self._known:
+            self._known[text] = self._count(text)
+        return self._known[text]
+
