@@ -266,6 +266,10 @@ def test_never_compact_sections_survive_every_compaction_and_each_has_its_record
                                    a["iteration"]) for a in announced]
     assert all(r.task_id == "task-7" and r.summarised_by == "built-in" and r.recorded_at.seconds > 0 for r in records)
     assert [r.index for r in records] == list(range(len(records)))
+    # The built-in summary names a tool result's size, never its text: untrusted content stays in its block.
+    texts = [stub.GetArtifact(pb.GetArtifactRequest(run_id="run", artifact_id=r.summary_ref)).content for r in records]
+    assert all(normalise(KEYWORD) not in normalise(text) and "Clause" not in text for text in texts)
+    assert any("tokens of untrusted data" in text for text in texts)
     page = stub.ListCompactionRecords(pb.ListCompactionRecordsRequest(run_id="run", from_index=1, limit=1))
     assert [r.index for r in page.records] == [1] and page.next_from_index == (2 if len(records) > 2 else 0)
 
