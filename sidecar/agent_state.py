@@ -20,7 +20,7 @@ import lmdb
 
 from sidecar.errors import FieldViolation, NotFound, StateInvalid, ValidationError
 from sidecar.records import dump_json, load_json
-from sidecar.store import be32
+from sidecar.store import be32, last_under, records_under
 
 SUBSET = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 SCHEMA_SUFFIX = ".schema.json"
@@ -106,14 +106,7 @@ def put_data(txn: lmdb.Transaction, db: dict, key: bytes, subset: str, value: An
 
 
 def read_data(txn: lmdb.Transaction, db: dict, key: bytes) -> dict[str, Any]:
-    data: dict[str, Any] = {}
-    cursor = txn.cursor(db=db["state_data"])
-    if cursor.set_range(key):
-        for subset_key, value in cursor:
-            if not subset_key.startswith(key):
-                break
-            data[subset_key[len(key):].decode("utf-8")] = json.loads(value)
-    return data
+    return {subset.decode("utf-8"): json.loads(value) for subset, value in records_under(txn, db["state_data"], key)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,9 +145,5 @@ def record_usage(txn: lmdb.Transaction, db: dict, key: bytes, run_id: str, itera
 
 def last_usage(txn: lmdb.Transaction, db: dict, key: bytes) -> Usage | None:
     """The usage of the newest iteration that has one."""
-    cursor = txn.cursor(db=db["usage"])
-    # The run's last key is just before the first key past its range (key + be32(iteration)).
-    found = cursor.prev() if cursor.set_range(key + b"\xff" * 4) else cursor.last()
-    if not found or not cursor.key().startswith(key):
-        return None
-    return Usage.parse(cursor.value())
+    found = last_under(txn, db["usage"], key, 4)  # keyed by be32(iteration)
+    return Usage.parse(found[1]) if found else None

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable, Iterator
 import lmdb
 
 from sidecar.errors import WatchFellBehind
-from sidecar.store import Store, scope
+from sidecar.store import Store, last_under, records_under, scope
 
 MAX_WATCH_BACKLOG = 10_000  # a watcher that falls this far behind is dropped, not the sidecar
 
@@ -79,10 +79,8 @@ class EventLog:
     def append(self, txn: lmdb.Transaction, tenant: str, payload: dict[str, Any]) -> Event:
         """Keep the event in the caller's write transaction; :meth:`publish` it after the commit."""
         prefix = scope(tenant)
-        cursor = txn.cursor(db=self._db)
-        # The tenant's last event: just before the first key past its prefix.
-        at_last = cursor.prev() if cursor.set_range(prefix + b"\xff" * 8) else cursor.last()
-        seq = int.from_bytes(cursor.key()[len(prefix):], "big") + 1 if at_last and cursor.key().startswith(prefix) else 1
+        last = last_under(txn, self._db, prefix, 8)  # keyed by the seq, 8 bytes
+        seq = int.from_bytes(last[0], "big") + 1 if last else 1
         event = Event(seq, payload["type"], payload)
         txn.put(prefix + seq.to_bytes(8, "big"), event.json().encode("utf-8"), db=self._db)
         return event
@@ -92,15 +90,12 @@ class EventLog:
         prefix = scope(tenant)
         events: list[Event] = []
         with self._store.read() as txn:
-            cursor = txn.cursor(db=self._db)
-            if not cursor.set_range(prefix + (since + 1).to_bytes(8, "big")):
-                return events
-            for key, value in cursor:
-                if not key.startswith(prefix) or len(events) >= limit:
+            for seq, value in records_under(txn, self._db, prefix, (since + 1).to_bytes(8, "big")):
+                if len(events) >= limit:
                     break
                 payload = json.loads(value)
                 if not memory_ref or payload.get("memoryRef") == memory_ref:
-                    events.append(Event(int.from_bytes(key[len(prefix):], "big"), payload["type"], payload))
+                    events.append(Event(int.from_bytes(seq, "big"), payload["type"], payload))
         return events
 
     def watch(self, tenant: str, types: Iterable[str]) -> Watch:

@@ -23,7 +23,7 @@ import fastcore
 from sidecar.eventlog import CHUNK_EVENTS, LogWriter, NewEvent, host_event_ids, read_ids
 from sidecar.records import ID_SEPARATOR, StoredEvent, decode_event
 from sidecar.runs import Deps, ForkOrigin, Run, load_run, require_run, save_run
-from sidecar.store import be32
+from sidecar.store import be32, records_under
 from sidecar.summaries import Summary, in_force, load_summary, read_artifact, write_summary
 from sidecar.validation import check_at_least
 
@@ -73,7 +73,7 @@ def fork_run(deps: Deps, txn: lmdb.Transaction, source_key: bytes, source_run_id
         value = txn.get(source_key, db=db[name])
         if value is not None:
             txn.put(fork_key, value, db=db[name])
-    _copy_keyed(txn, db["state_data"], source_key, fork_key, lambda suffix: True)
+    _copy_keyed(txn, db["state_data"], source_key, fork_key, lambda *_: True)
     for summary in pending:
         artifact = decode_event(artifacts[summary.ref])
         txn.put(fork_key + be32(summary.seq), json.dumps({
@@ -82,7 +82,7 @@ def fork_run(deps: Deps, txn: lmdb.Transaction, source_key: bytes, source_run_id
 
     limit = decode_event(txn.get(source_key + be32(from_seq), db=db["events"])).iteration \
         if from_seq < source.next_seq else None
-    def carried_iteration(suffix: bytes) -> bool:
+    def carried_iteration(suffix: bytes, _: bytes) -> bool:
         return limit is None or int.from_bytes(suffix, "big") < limit
 
     copied = _copy_keyed(txn, db["windows"], source_key, fork_key, carried_iteration)
@@ -98,19 +98,13 @@ def fork_run(deps: Deps, txn: lmdb.Transaction, source_key: bytes, source_run_id
 
 
 def _copy_keyed(txn: lmdb.Transaction, handle: Any, source_key: bytes, fork_key: bytes,
-                wanted: Callable[[bytes], bool]) -> list[bytes]:
-    """Copy the source's records of one database whose key suffix ``wanted`` accepts; their suffixes."""
-    copied = []
-    cursor = txn.cursor(db=handle)
-    if cursor.set_range(source_key):
-        for record_key, value in cursor:
-            if not record_key.startswith(source_key):
-                break
-            suffix = record_key[len(source_key):]
-            if wanted(suffix):
-                txn.put(fork_key + suffix, value, db=handle)
-                copied.append(suffix)
-    return copied
+                wanted: Callable[[bytes, bytes], bool]) -> list[bytes]:
+    """Copy the source's records of one database that ``wanted(key suffix, value)`` accepts; their
+    key suffixes."""
+    copied = [(suffix, value) for suffix, value in records_under(txn, handle, source_key) if wanted(suffix, value)]
+    for suffix, value in copied:
+        txn.put(fork_key + suffix, value, db=handle)
+    return [suffix for suffix, _ in copied]
 
 
 def _copy_log(txn: lmdb.Transaction, db: dict, source_key: bytes, fork_key: bytes, from_seq: int) -> None:
@@ -124,16 +118,10 @@ def _copy_log(txn: lmdb.Transaction, db: dict, source_key: bytes, fork_key: byte
     for event_id in read_ids(txn, db, source_key, 0, from_seq):
         id_key = event_id.encode("utf-8")
         txn.put(fork_key + id_key, txn.get(source_key + id_key, db=db["event_ids"]), db=db["event_ids"])
-    for name in ("call_ids", "iterations", "log_entries"):
-        cursor = txn.cursor(db=db[name])
-        if cursor.set_range(source_key):
-            for index_key, value in cursor:
-                if not index_key.startswith(source_key):
-                    break
-                # call_ids and iterations map to a first seq; log_entries are keyed by their seq.
-                seq = int.from_bytes(index_key[len(source_key):] if name == "log_entries" else value, "big")
-                if seq < from_seq:
-                    txn.put(fork_key + index_key[len(source_key):], value, db=db[name])
+    # call_ids and iterations map to a first seq; log_entries are keyed by their seq.
+    for name in ("call_ids", "iterations"):
+        _copy_keyed(txn, db[name], source_key, fork_key, lambda _, seq: int.from_bytes(seq, "big") < from_seq)
+    _copy_keyed(txn, db["log_entries"], source_key, fork_key, lambda seq, _: int.from_bytes(seq, "big") < from_seq)
     for chunk in range((from_seq - 1) // CHUNK_EVENTS + 1):
         kept = min(CHUNK_EVENTS, from_seq - chunk * CHUNK_EVENTS)
         counts = txn.get(source_key + be32(chunk), db=db["counts"])

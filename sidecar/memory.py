@@ -43,7 +43,7 @@ from sidecar.errors import NotFound, ValidationError
 from sidecar.records import dump_json, encode_memory, load_json, memory_content
 from sidecar.redaction import Redactor
 from sidecar.settings import MemorySettings
-from sidecar.store import Store, be32, scope
+from sidecar.store import Store, be32, records_under, scope
 from sidecar.validation import check_at_least, check_id
 
 MAX_REF_BYTES = 256
@@ -330,12 +330,10 @@ class Memories:
         """Remove the ref's entries whose expiry has come (oldest expiry first, stop at the first
         still alive): the work is the entries removed, not the entries kept."""
         expired = []
-        cursor = txn.cursor(db=self._db["mem_expiry"])
-        if cursor.set_range(key):
-            for expiry_key, entry_id in cursor:
-                if not expiry_key.startswith(key) or int.from_bytes(expiry_key[len(key):len(key) + 8], "big") > now:
-                    break
-                expired.append(entry_id.decode("utf-8"))
+        for expiry, entry_id in records_under(txn, self._db["mem_expiry"], key):
+            if int.from_bytes(expiry[:8], "big") > now:
+                break
+            expired.append(entry_id.decode("utf-8"))
         for entry_id in expired:
             self._remove(txn, key, meta, entry_id)
 
@@ -383,12 +381,8 @@ class Memories:
         return [doc.entry_id for doc in live[:max(len(live) - keep_recent, 0)][:most]]
 
     def _oldest_first(self, txn: lmdb.Transaction, key: bytes) -> Iterator[_Doc]:
-        cursor = txn.cursor(db=self._db["mem_docs"])
-        if cursor.set_range(key):
-            for doc_key, value in cursor:
-                if not doc_key.startswith(key):
-                    return
-                yield _Doc.unpack(int.from_bytes(doc_key[len(key):], "big"), value)
+        for ordinal, value in records_under(txn, self._db["mem_docs"], key):
+            yield _Doc.unpack(int.from_bytes(ordinal, "big"), value)
 
     def read_sources(self, txn: lmdb.Transaction, key: bytes, entry_ids: Sequence[str],
                      field: str = "source_ids") -> list[Source]:
@@ -545,13 +539,9 @@ class Memories:
     def _cosine(self, txn: lmdb.Transaction, key: bytes, query_vector: bytes, dim: int,
                 top: int) -> list[tuple[int, float]]:
         ordinals, vectors = [], []
-        cursor = txn.cursor(db=self._db["mem_vectors"])
-        if cursor.set_range(key):
-            for vector_key, value in cursor:
-                if not vector_key.startswith(key):
-                    break
-                ordinals.append(int.from_bytes(vector_key[len(key):], "big"))
-                vectors.append(value)
+        for ordinal, value in records_under(txn, self._db["mem_vectors"], key):
+            ordinals.append(int.from_bytes(ordinal, "big"))
+            vectors.append(value)
         if not ordinals:
             return []
         packed = struct.pack(f"<{len(ordinals)}I", *ordinals)

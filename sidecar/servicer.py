@@ -28,7 +28,7 @@ from sidecar.settings import TenantCredential
 from sidecar.status import answers_errors, to_status
 from sidecar import messages
 from sidecar.transcript import AppendResult, AssembledContext, NewEvent, RunSettings, SummaryRequest, Transcripts
-from sidecar.validation import check_at_least, check_id
+from sidecar.validation import check_at_least, check_id, page_size
 
 # With no tenants configured, every call belongs to this one tenant.
 DEFAULT_TENANT = "default"
@@ -298,8 +298,7 @@ class ContextSidecarServicer(pb_grpc.ContextSidecarServicer):
                          context: grpc.ServicerContext) -> pb.ListMemoryEventsResponse:
         tenant = self._tenant(context)
         check_at_least("since_seq", request.since_seq, 0)
-        check_at_least("limit", request.limit, 0)
-        events = self._events.list(tenant, request.since_seq, request.memory_ref, min(request.limit or 100, 1000))
+        events = self._events.list(tenant, request.since_seq, request.memory_ref, page_size("limit", request.limit))
         return pb.ListMemoryEventsResponse(events=[_notice(e) for e in events])
 
     def WatchEvents(self, request: pb.WatchEventsRequest, context: grpc.ServicerContext) -> Iterator[pb.EventNotice]:

@@ -42,6 +42,29 @@ def scope(tenant: str, *parts: bytes) -> bytes:
     return b"".join([tenant.encode("utf-8"), b"\0", *(part + b"\0" for part in parts)])
 
 
+def records_under(txn: lmdb.Transaction, handle: object, prefix: bytes,
+                  start: bytes = b"") -> Iterator[tuple[bytes, bytes]]:
+    """The records whose key starts with ``prefix``, from ``prefix + start`` on, in key order, as
+    (the key after the prefix, the value)."""
+    cursor = txn.cursor(db=handle)
+    if not cursor.set_range(prefix + start):
+        return
+    for key, value in cursor:
+        if not key.startswith(prefix):
+            return
+        yield key[len(prefix):], value
+
+
+def last_under(txn: lmdb.Transaction, handle: object, prefix: bytes, width: int) -> tuple[bytes, bytes] | None:
+    """The record with the greatest key under ``prefix``, when its keys are ``prefix`` and ``width``
+    more bytes: it is just before the first key past them."""
+    cursor = txn.cursor(db=handle)
+    found = cursor.prev() if cursor.set_range(prefix + b"\xff" * width) else cursor.last()
+    if not found or not cursor.key().startswith(prefix):
+        return None
+    return cursor.key()[len(prefix):], cursor.value()
+
+
 class _Gate:
     """Many transactions at once, or one map resize with none open."""
 

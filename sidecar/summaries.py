@@ -15,6 +15,7 @@ import hashlib
 import json
 import time
 from dataclasses import dataclass
+from itertools import islice
 from typing import Callable
 
 import lmdb
@@ -25,7 +26,7 @@ from sidecar.eventlog import LogWriter, count_texts, host_event_ids, log_entries
 from sidecar.records import StoredEvent, decode_event, decode_id_index, dump_json, encode_event, load_json
 from sidecar.runs import SIDECAR_ID_PREFIX, Deps, Run, run_id_of
 from sidecar.settings import STRATEGIES
-from sidecar.store import be32
+from sidecar.store import be32, records_under
 from sidecar.untrusted import is_fenced
 from sidecar.validation import check_at_least, check_id
 
@@ -172,14 +173,8 @@ def write_summary(writer: LogWriter, summary: Summary, text: str, role: str, tok
 
 def compaction_records(txn: lmdb.Transaction, db: dict, key: bytes, from_index: int, limit: int) -> list[dict]:
     """The run's compaction records from ``from_index``, at most ``limit``."""
-    records = []
-    cursor = txn.cursor(db=db["compaction_records"])
-    if cursor.set_range(key + be32(from_index)):
-        for record_key, value in cursor:
-            if not record_key.startswith(key) or len(records) >= limit:
-                break
-            records.append(load_json(value))
-    return records
+    found = records_under(txn, db["compaction_records"], key, be32(from_index))
+    return [load_json(value) for _, value in islice(found, limit)]
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,11 +32,8 @@ from sidecar.summaries import (Candidates, Compaction, Summary, SummaryRequest, 
                                extractive_summary, in_force, load_summary, read_artifact, read_artifacts,
                                record_summary, tokens_of)
 from sidecar.untrusted import fence
-from sidecar.validation import check_at_least, check_id
+from sidecar.validation import check_at_least, check_id, page_size
 from sidecar.window import Plan, TranscriptWindow, from_record, persist, plan
-
-DEFAULT_LIST_LIMIT = 100
-MAX_LIST_LIMIT = 1000
 
 __all__ = ["AppendResult", "AssembledContext", "NewEvent", "RunSettings", "Section", "Summary", "SummaryRequest",
            "TranscriptWindow", "Transcripts"]
@@ -179,8 +176,7 @@ class Transcripts:
         """Stored entries from ``from_seq`` on, and the seq to continue from (None at the end)."""
         key = run_key(tenant, run_id)
         check_at_least("from_seq", from_seq, 0)
-        check_at_least("limit", limit, 0)
-        limit = min(limit or DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT)
+        limit = page_size("limit", limit)
         with self._store.read() as txn:
             run = require_run(txn, self._db, key, run_id)
             end = min(run.next_seq, from_seq + limit)
@@ -359,15 +355,14 @@ class Transcripts:
         """The run's agent state: the history no summary replaced yet, the summaries in force
         (the running summary), the task and skills, the last usage and the data."""
         key = run_key(tenant, run_id)
-        check_at_least("history_limit", history_limit, 0)
-        limit = min(history_limit or DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT)
+        limit = page_size("history_limit", history_limit)
         with self._store.read() as txn:
             run = require_run(txn, self._db, key, run_id)
             newest = load_summary(txn, self._db, key, run.summaries - 1) if run.summaries else None
             floor = newest.to_seq if newest else 0
             entries = set(log_entries_in(txn, self._db, key, floor, run.next_seq))
             seqs = [seq for seq in range(floor, run.next_seq) if seq not in entries]
-            shown = seqs[-limit:] if limit else []
+            shown = seqs[-limit:]
             history = [decode_event(txn.get(key + be32(seq), db=self._db["events"])) for seq in shown]
             summaries = [decode_event(raw) for raw in read_artifacts(txn, self._db, key, list(newest.stack_refs))] \
                 if newest else []
@@ -381,8 +376,7 @@ class Transcripts:
         """The run's compaction records from ``from_index``, and where the next page starts."""
         key = run_key(tenant, run_id)
         check_at_least("from_index", from_index, 0)
-        check_at_least("limit", limit, 0)
-        limit = min(limit or DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT)
+        limit = page_size("limit", limit)
         with self._store.read() as txn:
             run = require_run(txn, self._db, key, run_id)
             records = compaction_records(txn, self._db, key, from_index, limit)

@@ -37,6 +37,15 @@ def check_at_least(field: str, value: int, minimum: int) -> int:
     return value
 
 
+DEFAULT_PAGE = 100
+MAX_PAGE = 1000
+
+
+def page_size(field: str, value: int) -> int:
+    """A list call's page size: 0 means the default (100), and no page holds more than 1000."""
+    return min(check_at_least(field, value, 0) or DEFAULT_PAGE, MAX_PAGE)
+
+
 def _no_constant(name: str) -> None:
     raise ValueError(f"{name} is not JSON")
 

@@ -28,7 +28,7 @@ const SUMMARY_TYPE = 'context.summary';
 const SUMMARIZED_TYPE = 'context.summarized';
 const PAYLOAD_FIELDS = ['iteration', 'replacedTurns', 'summaryRef', 'tokenCounter', 'tokensBefore', 'tokensAfter'];
 
-const { codePoints, fedText, textGenerator } = require('./text');
+const { TOOL_WORDS, codePoints, fedText, textGenerator } = require('./text');
 const sum = (values) => values.reduce((s, v) => s + v, 0);
 
 const sidecarFlags = () => ['--token-counter', 'chars', '--transcript-token-budget', String(BUDGET),
@@ -36,15 +36,7 @@ const sidecarFlags = () => ['--token-counter', 'chars', '--transcript-token-budg
 
 // --- deterministic content (the generator of transcript.test.js, smaller turns) -----------
 
-const ASCII_WORDS = ['the', 'tool', 'returned', 'rows', 'config', 'value', 'search', 'result', 'index',
-  'timeout', 'retry', 'file', 'path', 'ok', 'error', 'list', 'context', 'window', 'budget', 'token'];
-const { rng, randInt, pick, randomText } = textGenerator(0x50aa1e5, ASCII_WORDS);
-
-function toolCallContent(length) {
-  const head = '{"name":"search","arguments":{"q":"';
-  const tail = '"}}';
-  return head + randomText(Math.max(1, length - codePoints(head) - codePoints(tail))) + tail;
-}
+const { rng, randInt, pick, randomText, toolCallContent } = textGenerator(0x50aa1e5, TOOL_WORDS);
 
 // Turn i: [results deferred from turn i-1], user message, tool call `call-<i>`, [its result(s),
 // unless deferred to turn i+1], assistant message. A turn is ~300-700 tokens (a tool result is

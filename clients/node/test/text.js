@@ -22,7 +22,7 @@ function mulberry32(seed) {
   };
 }
 
-/** A seeded generator: { rng, randInt, pick, randomText(lengthInCodePoints) } over `asciiWords`. */
+/** A seeded generator over `asciiWords`: { rng, randInt, pick, randomText(lengthInCodePoints), toolCallContent(length) }. */
 function textGenerator(seed, asciiWords) {
   const rng = mulberry32(seed);
   const randInt = (lo, hi) => lo + Math.floor(rng() * (hi - lo + 1));
@@ -37,8 +37,18 @@ function textGenerator(seed, asciiWords) {
     // Cut at a code point (never inside a surrogate pair), so the text stays valid UTF-8.
     return [...text].slice(0, length).join('');
   }
-  return { rng, randInt, pick, randomText };
+  /** A tool call's JSON content of `length` code points, its query random text. */
+  function toolCallContent(length) {
+    const head = '{"name":"search","arguments":{"q":"';
+    const tail = '"}}';
+    return head + randomText(Math.max(1, length - codePoints(head) - codePoints(tail))) + tail;
+  }
+  return { rng, randInt, pick, randomText, toolCallContent };
 }
+
+// The words of the transcript tests' tool-heavy texts.
+const TOOL_WORDS = ['the', 'tool', 'returned', 'rows', 'config', 'value', 'search', 'result', 'index',
+  'timeout', 'retry', 'file', 'path', 'ok', 'error', 'list', 'context', 'window', 'budget', 'token'];
 
 /**
  * What the sidecar stores and feeds for an event we sent: a role "tool" event's content (or one
@@ -52,4 +62,4 @@ function fedText(event, block) {
   return `<${block.tag} source="${source}">\n${block.preamble}\n${event.content}\n</${block.tag}>`;
 }
 
-module.exports = { codePoints, fedText, textGenerator };
+module.exports = { TOOL_WORDS, codePoints, fedText, textGenerator };

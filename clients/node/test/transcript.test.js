@@ -22,7 +22,7 @@ const TURNS = 40;
 const RUN_ID = 'node-transcript-run';
 const OVERSIZED_TURN = 27; // one turn alone exceeds the budget: its big event must be clipped
 
-const { codePoints, fedText, textGenerator } = require('./text');
+const { TOOL_WORDS, codePoints, fedText, textGenerator } = require('./text');
 const utf8Bytes = (text) => Buffer.byteLength(text, 'utf8');
 
 // --- the sidecar process ------------------------------------------------------------------
@@ -31,15 +31,7 @@ const sidecarFlags = () => ['--token-counter', 'chars', '--transcript-token-budg
 
 // --- deterministic content ----------------------------------------------------------------
 
-const ASCII_WORDS = ['the', 'tool', 'returned', 'rows', 'config', 'value', 'search', 'result', 'index',
-  'timeout', 'retry', 'file', 'path', 'ok', 'error', 'list', 'context', 'window', 'budget', 'token'];
-const { rng, randInt, pick, randomText } = textGenerator(0x5eed2024, ASCII_WORDS);
-
-function toolCallContent(length) {
-  const head = '{"name":"search","arguments":{"q":"';
-  const tail = '"}}';
-  return head + randomText(Math.max(1, length - codePoints(head) - codePoints(tail))) + tail;
-}
+const { rng, randInt, pick, randomText, toolCallContent } = textGenerator(0x5eed2024, TOOL_WORDS);
 
 // The 40 turns, decided up front. Turn i: [results deferred from turn i-1], user message,
 // tool call `call-<i>`, [its result(s), unless deferred to turn i+1], assistant message.
