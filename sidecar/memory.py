@@ -539,9 +539,16 @@ class Memories:
     def _cosine(self, txn: lmdb.Transaction, key: bytes, query_vector: bytes, dim: int,
                 top: int) -> list[tuple[int, float]]:
         ordinals, vectors = [], []
-        for ordinal, value in records_under(txn, self._db["mem_vectors"], key):
-            ordinals.append(int.from_bytes(ordinal, "big"))
-            vectors.append(value)
+        # Every vector of the ref, so the loop is inline: store.records_under's generator and key
+        # slicing would add ~40% to a scan of 100k of them.
+        cursor = txn.cursor(db=self._db["mem_vectors"])
+        if cursor.set_range(key):
+            prefix = len(key)
+            for vector_key, value in cursor:
+                if not vector_key.startswith(key):
+                    break
+                ordinals.append(int.from_bytes(vector_key[prefix:], "big"))
+                vectors.append(value)
         if not ordinals:
             return []
         packed = struct.pack(f"<{len(ordinals)}I", *ordinals)
