@@ -152,7 +152,7 @@ class Compactor:
             event = self._events.append(txn, tenant, payload)
             txn.put(self._record_key(key, ids), json.dumps(
                 {"compaction_id": compaction_id, "output_id": output.entry_id, "source_count": len(sources),
-                 "seq": event.seq, "event": payload}).encode("utf-8"), db=store.db["mem_compactions"])
+                 "seq": event.seq, "event": payload}).encode("utf-8"), db=store.handles("memory")["mem_compactions"])
             return Outcome(compaction_id, output.entry_id, len(sources), event, True)
 
         outcome = store.write(write)
@@ -167,7 +167,7 @@ class Compactor:
     def _recorded(self, txn: lmdb.Transaction, key: bytes, ids: Sequence[str]) -> Outcome | None:
         if not ids:
             return None
-        data = txn.get(self._record_key(key, ids), db=self._memories.store.db["mem_compactions"])
+        data = txn.get(self._record_key(key, ids), db=self._memories.store.handles("memory")["mem_compactions"])
         if data is None:
             return None
         value = json.loads(data)

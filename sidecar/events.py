@@ -72,7 +72,7 @@ class Watch:
 class EventLog:
     def __init__(self, store: Store) -> None:
         self._store = store
-        self._db = store.db["tenant_events"]
+        self._db = store.handles("tenant_events")["tenant_events"]
         self._lock = threading.Lock()
         self._watches: list[Watch] = []
 

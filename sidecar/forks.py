@@ -23,7 +23,7 @@ import fastcore
 from sidecar.eventlog import CHUNK_EVENTS, LogWriter, NewEvent, host_event_ids, read_ids
 from sidecar.records import ID_SEPARATOR, StoredEvent, decode_event
 from sidecar.runs import Deps, ForkOrigin, Run, load_run, require_run, save_run
-from sidecar.store import be32, records_under
+from sidecar.store import be32, records_under, sweep
 from sidecar.summaries import Summary, in_force, load_summary, read_artifact, write_summary
 from sidecar.validation import check_at_least
 
@@ -131,17 +131,10 @@ def _copy_log(txn: lmdb.Transaction, db: dict, source_key: bytes, fork_key: byte
 
 
 def delete_run(txn: lmdb.Transaction, db: dict, key: bytes, run_id: str) -> None:
-    """Remove the run and everything under its key: log, indexes, windows, summaries, artifacts."""
+    """Remove the run and everything under its key in the run's own databases (log, indexes,
+    windows, summaries, artifacts, its context): ``db`` holds those and no other area's."""
     require_run(txn, db, key, run_id)
-    for name, handle in db.items():
-        if name == "runs":
-            continue
-        cursor = txn.cursor(db=handle)
-        if cursor.set_range(key):
-            while cursor.key().startswith(key):
-                if not cursor.delete():
-                    break
-    txn.delete(key, db=db["runs"])
+    sweep(txn, db, key)
 
 
 def delete_artifact(txn: lmdb.Transaction, db: dict, key: bytes, run_id: str, artifact_id: str) -> None:

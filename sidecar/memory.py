@@ -189,7 +189,7 @@ class Memories:
                  clock: Callable[[], int] = _now_ms) -> None:
         self._clock = clock  # milliseconds since the epoch
         self._store = store
-        self._db = store.db
+        self._db = store.handles("memory")
         self._counter = counters.get(settings.token_counter)
         self._settings = settings
         self._redactor = redactor
@@ -350,7 +350,7 @@ class Memories:
             self._remove(txn, key, meta, entry_id)
             txn.put(key, meta.record(), db=self._db["mem_meta"])
 
-        self._store.write(write)
+        self._store.write(write, frees_space=True)
 
     # -- what compaction needs ----------------------------------------------------------------
 

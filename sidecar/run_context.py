@@ -48,7 +48,7 @@ class RunContexts:
     def __init__(self, store: Store, counters: Counters, defaults: ContextSettings, redactor: Redactor,
                  policy: Policy | None = None, schemas: StateSchemas | None = None) -> None:
         self._store = store
-        self._db = store.db
+        self._db = store.handles("runs", "run_context")
         self._counters = counters
         self._defaults = defaults
         self._redactor = redactor

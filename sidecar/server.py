@@ -52,7 +52,11 @@ class Services:
     def open(cls, settings: Settings) -> Services:
         storage = settings.storage
         counters = Counters(Path(settings.context.encodings_dir) if settings.context.encodings_dir else None)
-        return cls.build(settings, Store(storage.path, storage.map_size, storage.max_map_size, storage.sync), counters)
+        try:
+            store = Store(storage.path, storage.map_size, storage.max_map_size, storage.sync)
+        except ValueError as error:  # a store of another layout: say which, do not serve it
+            raise ConfigError(str(error)) from None
+        return cls.build(settings, store, counters)
 
     @classmethod
     def build(cls, settings: Settings, store: Store, counters: Counters) -> Services:

@@ -24,12 +24,28 @@ from sidecar.errors import StoreFull
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-DATABASES = (b"runs", b"events", b"event_ids", b"call_ids", b"iterations", b"counts", b"id_chunks", b"windows",
-             b"log_entries", b"summaries", b"artifacts", b"replay",
-             b"mem_entries", b"mem_docs", b"mem_df", b"mem_postings", b"mem_vectors", b"mem_meta", b"mem_expiry",
-             b"mem_compactions", b"tenant_events",
-             b"profiles", b"tasks", b"state_data", b"usage", b"compaction_records")
+# Which area owns which databases. A delete, fork or sweep of one area touches only its own
+# databases: a run and a memory ref of the same name have keys of the same shape (tenant NUL name
+# NUL), so only the database tells them apart. Every database is declared here, in one area.
+AREAS: dict[str, tuple[bytes, ...]] = {
+    # A run's log and what is derived from it, all under the run's key.
+    "runs": (b"runs", b"events", b"event_ids", b"call_ids", b"iterations", b"counts", b"id_chunks", b"windows",
+             b"log_entries", b"summaries", b"artifacts", b"replay", b"compaction_records"),
+    # What a run feeds besides its log (profile, task, agent-state data, usage), under the run's key:
+    # deleted and forked with its run.
+    "run_context": (b"profiles", b"tasks", b"state_data", b"usage"),
+    # Agent memory, under each memory ref's key.
+    "memory": (b"mem_entries", b"mem_docs", b"mem_df", b"mem_postings", b"mem_vectors", b"mem_meta", b"mem_expiry",
+               b"mem_compactions"),
+    # The tenant's kept events (memory.compacted), under the tenant's key.
+    "tenant_events": (b"tenant_events",),
+}
+DATABASES = tuple(name for names in AREAS.values() for name in names)
 _GROW_AT = 0.8  # grow once this fraction of the map is in use
+# The share of [storage] max_map_size that only deletes may use. Freeing N pages costs the
+# freelist about 8N bytes (0.2% of what is freed) plus a few copied branch pages, so 1/32 lets
+# one delete free the whole store.
+DELETE_HEADROOM = 1 / 32
 
 
 def be32(value: int) -> bytes:
@@ -53,6 +69,16 @@ def records_under(txn: lmdb.Transaction, handle: object, prefix: bytes,
         if not key.startswith(prefix):
             return
         yield key[len(prefix):], value
+
+
+def sweep(txn: lmdb.Transaction, handles: dict[str, object], prefix: bytes) -> None:
+    """Delete every record whose key starts with ``prefix`` from these databases (and no others)."""
+    for handle in handles.values():
+        cursor = txn.cursor(db=handle)
+        if cursor.set_range(prefix):
+            while cursor.key().startswith(prefix):
+                if not cursor.delete():  # False: the cursor ran off the end
+                    break
 
 
 def last_under(txn: lmdb.Transaction, handle: object, prefix: bytes, width: int) -> tuple[bytes, bytes] | None:
@@ -114,7 +140,24 @@ class Store:
         self._gate = _Gate()
         self._write_lock = threading.Lock()
         self._page_size = self.env.stat()["psize"]
+        self._refuse_unassigned_databases()
+        # Every handle, for whole-store tools (tests, dumps); each area's code gets only its own
+        # through ``handles``.
         self.db = {name.decode(): self.env.open_db(name) for name in DATABASES}
+
+    def _refuse_unassigned_databases(self) -> None:
+        """A store holding a database that no area owns was written by another layout: serving it
+        would leave that data outside every delete and fork, so say so instead."""
+        with self.env.begin() as txn:
+            stray = sorted(key.decode("utf-8", "replace") for key, _ in txn.cursor() if key not in DATABASES)
+        if stray:
+            path = self.env.path()
+            self.env.close()
+            raise ValueError(f"the store at {path!r} holds databases no area owns: {', '.join(stray)}")
+
+    def handles(self, *areas: str) -> dict[str, object]:
+        """The database handles of these areas, by name: all that an area's code may touch."""
+        return {name.decode(): self.db[name.decode()] for area in areas for name in AREAS[area]}
 
     def close(self) -> None:
         self.env.close()
@@ -125,39 +168,61 @@ class Store:
         with self._gate.shared(), self.env.begin() as txn:
             yield txn
 
-    def write(self, work: Callable[[lmdb.Transaction], T]) -> T:
-        """Run ``work(txn)`` in one write transaction and commit; it may run twice if the map grows."""
+    def write(self, work: Callable[[lmdb.Transaction], T], frees_space: bool = False) -> T:
+        """Run ``work(txn)`` in one write transaction and commit; it may run twice if the map grows.
+
+        ``frees_space``: the write deletes (DeleteRun, DeleteArtifact, DeleteMemory). Only such
+        writes may use the last ``DELETE_HEADROOM`` of ``max_map_size``: a delete needs a few free
+        pages to free many (copy-on-write, the freelist), so a store that other writes filled can
+        always be emptied through the API."""
+        ceiling = self._ceiling(frees_space)
         # One writer at a time: LMDB serialises writers anyway, and holding our own lock while
         # waiting keeps the gate free for a resize.
         with self._write_lock:
+            self._keep_headroom(ceiling)
             while True:
                 try:
                     with self._gate.shared(), self.env.begin(write=True) as txn:
                         result = work(txn)
                 except lmdb.MapFullError:
-                    self._grow(required=True)  # raises StoreFull when it cannot
+                    self._grow(ceiling, required=True)  # raises StoreFull when it cannot
                     continue
                 except lmdb.DiskError as exc:  # ENOSPC: the disk, not the map, is full
                     raise StoreFull(f"the store cannot write: {exc}") from None
-                self._grow(required=False)
+                self._grow(ceiling, required=False)
                 return result
+
+    def _ceiling(self, frees_space: bool) -> int:
+        """The largest map a write may grow to (0: no limit)."""
+        if not self.max_map_size or frees_space:
+            return self.max_map_size
+        return self.max_map_size - max(int(self.max_map_size * DELETE_HEADROOM), self._page_size * 16)
+
+    def _keep_headroom(self, ceiling: int) -> None:
+        """After a delete grew the map into the headroom, bring it back (LMDB keeps it at least as
+        large as the data), so that other writes do not take the headroom for themselves."""
+        used, size = self.map_usage()
+        if ceiling and size > ceiling and size > used:
+            self._resize(max(ceiling, used))
 
     def map_usage(self) -> tuple[int, int]:
         """(bytes in use, map size)."""
         info = self.env.info()
         return (info["last_pgno"] + 1) * self._page_size, info["map_size"]
 
-    def _grow(self, required: bool) -> None:
+    def _grow(self, ceiling: int, required: bool) -> None:
         used, size = self.map_usage()
         if not required and used < size * _GROW_AT:
             return
-        new_size = size * 2
-        if self.max_map_size:
-            new_size = min(new_size, self.max_map_size)
+        new_size = min(size * 2, ceiling) if ceiling else size * 2
         if new_size <= size:
             if required:
-                raise StoreFull(f"the store is full: {size} bytes, the configured [storage] max_map_size")
+                raise StoreFull(f"the store is full: {used} bytes in use of the configured [storage] max_map_size "
+                                f"({self.max_map_size}), less what deletes keep in reserve")
             return
+        self._resize(new_size)
+        log.info("LMDB map grown from %d to %d bytes (%d in use)", size, new_size, used)
+
+    def _resize(self, new_size: int) -> None:
         with self._gate.exclusive():
             self.env.set_mapsize(new_size)
-        log.info("LMDB map grown from %d to %d bytes (%d in use)", size, new_size, used)

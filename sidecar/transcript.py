@@ -70,8 +70,9 @@ class Transcripts:
     def __init__(self, store: Store, counters: Counters, defaults: ContextSettings,
                  redactor: Redactor | None = None, contexts: RunContexts | None = None) -> None:
         self._store = store
-        self._deps = Deps(store.db, counters, defaults)
-        self._db = store.db
+        # A run's own databases: its log and its context, never memory's or the tenant's events.
+        self._db = store.handles("runs", "run_context")
+        self._deps = Deps(self._db, counters, defaults)
         self._redactor = redactor or Redactor()
         self.contexts = contexts or RunContexts(store, counters, defaults, self._redactor)
         self._history = HistoryCache()
@@ -122,7 +123,7 @@ class Transcripts:
 
     def delete_run(self, tenant: str, run_id: str) -> None:
         key = run_key(tenant, run_id)
-        self._store.write(lambda txn: forks.delete_run(txn, self._db, key, run_id))
+        self._store.write(lambda txn: forks.delete_run(txn, self._db, key, run_id), frees_space=True)
 
     def fork_run(self, tenant: str, source_run_id: str, from_seq: int, mode: str,
                  new_run_id: str) -> tuple[Run, bool]:
@@ -347,7 +348,7 @@ class Transcripts:
     def delete_artifact(self, tenant: str, run_id: str, artifact_id: str) -> None:
         key = run_key(tenant, run_id)
         check_id("artifact_id", artifact_id)
-        self._store.write(lambda txn: forks.delete_artifact(txn, self._db, key, run_id, artifact_id))
+        self._store.write(lambda txn: forks.delete_artifact(txn, self._db, key, run_id, artifact_id), frees_space=True)
 
     # -- agent state and compaction records ----------------------------------------------------
 

@@ -58,3 +58,43 @@ def test_tenant_scopes_are_disjoint() -> None:
     assert not scope("ab").startswith(scope("a"))
     with pytest.raises(ValidationError):
         check_id("run_id", "a\x00run")  # which is why an id may not hold NUL
+
+
+def test_a_full_store_still_deletes_and_then_takes_writes_again(start_server) -> None:
+    """Writes are refused a little before the ceiling so that a delete, which needs a few pages
+    to free many, always has them: a full store can be emptied through the API."""
+    import grpc
+    from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
+    from tests.test_server import rich_error
+
+    sidecar = start_server(storage={"map_size": 1 << 20, "max_map_size": 2 << 20})
+    stub = sidecar.stub
+    text = "z" * 60_000
+    full = None
+    for run in range(200):  # ~60 KB an event: the 2 MiB ceiling is reached long before this ends
+        stub.OpenRun(pb.OpenRunRequest(run_id=f"run{run}", token_counter="chars"))
+        try:
+            for turn in range(1, 5):
+                stub.AppendEvents(pb.AppendEventsRequest(run_id=f"run{run}", events=[
+                    pb.Event(event_id=f"e{turn}", iteration=turn, role="user", content=text)]))
+        except grpc.RpcError as error:
+            full = error
+            break
+    assert full is not None and full.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert rich_error(full)[1] == "store_full"
+    # Fill what is left with ever smaller events, so that no page is free at all.
+    filler = 0
+    for size in (8_000, 1_000, 100, 10):
+        try:
+            while True:
+                filler += 1
+                stub.AppendEvents(pb.AppendEventsRequest(run_id="run0", events=[
+                    pb.Event(event_id=f"f{filler}", iteration=5, role="user", content="f" * size)]))
+        except grpc.RpcError as error:
+            assert rich_error(error)[1] == "store_full"
+    for deleted in range(run + 1):  # every run, the last (partly written) one included
+        stub.DeleteRun(pb.DeleteRunRequest(run_id=f"run{deleted}"))
+    stub.OpenRun(pb.OpenRunRequest(run_id="after", token_counter="chars"))
+    stub.AppendEvents(pb.AppendEventsRequest(run_id="after", events=[
+        pb.Event(event_id="e1", iteration=1, role="user", content=text)]))
+    assert [e.event_id for e in stub.ListRunEvents(pb.ListRunEventsRequest(run_id="after")).events] == ["e1"]
