@@ -25,6 +25,7 @@ import re
 import unicodedata
 from bisect import bisect_right
 from functools import lru_cache
+from importlib import resources
 from itertools import accumulate
 from typing import Iterator, Sequence
 
@@ -46,33 +47,116 @@ _BLOCK = 1024
 # was either side of it); the bound only stops a loop should that ever turn out false.
 _MAX_PASSES = 4
 
-# Letters of other scripts that pass for the fence word's letters (s i d e c a r u n t), from the
-# entries of Unicode's confusables.txt (https://www.unicode.org/Public/security/latest/confusables.txt)
-# whose prototype is one of those letters in either case. Only letters that NFKD leaves alone are
-# needed: fullwidth, mathematical, circled, modifier and ligature forms already decompose to Latin.
-# The table is keyed by each letter's folded form (NFKD, then casefold), which is what reaches this
-# step, so capitals count through their small letters (Greek Τ folds to τ, Cyrillic Т to т, the
-# lunate sigma Ϲ to σ) and Cherokee small letters through their capitals. ASCII stays as it is:
-# 'l' and '1' for 'I' would only be guesses at fonts.
-_CONFUSABLES: dict[str, str] = {
-    "s": "ѕЅՏᏕᏚƽ",  # Cyrillic dze, Armenian tiwn, Cherokee de and du, Latin tone five
-    "i": "іІӏӀιΙıɩɪᎥ",  # Cyrillic i, palochka; Greek iota; Latin dotless i, iota, small capital I; Cherokee v
-    "d": "ԁԀᎠᏧ",  # Cyrillic komi de, Cherokee a and tsu
-    "e": "еЕҽҼεΕᎬ",  # Cyrillic ie and abkhasian che, Greek epsilon, Cherokee gv
-    "c": "сСϲϹᴄᏟ",  # Cyrillic es, Greek lunate sigma, Latin small capital C, Cherokee tli
-    "a": "аАαΑɑᎪ",  # Cyrillic a, Greek alpha, Latin alpha, Cherokee go
-    "r": "гᴦʀƦᎡᏒ",  # Cyrillic ghe, Greek small capital gamma, Latin yr, Cherokee e and sv
-    "u": "υΥսՍᴜʋ",  # Greek upsilon, Armenian seh, Latin small capital U and v with hook
-    "n": "νΝոռ",  # Greek nu, Armenian vo and ra
-    "t": "τΤтТᎢ",  # Greek tau, Cyrillic te, Cherokee i
-}
-_HOMOGLYPHS: dict[int, str] = {
-    ord(unicodedata.normalize("NFKD", glyph).casefold()): latin
-    for latin, glyphs in _CONFUSABLES.items() for glyph in glyphs
-}
+# The fold of look-alikes comes from Unicode's confusables data (UTS #39: confusables.txt maps each
+# confusable character to a prototype, its skeleton), of which fence_confusables.txt holds the lines
+# that matter here (fence_confusables_generate.py cuts it from the whole file). A character stands for
+# a letter of the fence word when its skeleton is the skeleton of one of the letter's forms: the small
+# letter, the capital and the Latin small capital, which UTS #39 keeps as a prototype of its own (so
+# Greek tau and Cyrillic te, whose skeleton is the small capital T, count). The separators the tag
+# uses count too: look-alikes of - . _ are dropped with them, those of < > / = fold to them. (Not the
+# quote: its skeleton is two apostrophes, and without the word, struck in every spelling, a quote
+# makes no block boundary.)
+_CONFUSABLES_DATA = "fence_confusables.txt"
+_DROPPED_SEPARATORS = "-._"
+_KEPT_PUNCTUATION = "<>/="
+_CONFUSABLE_LINE = re.compile(r"([0-9A-F]{4,6}) ;\t([0-9A-F]{4,6}(?: [0-9A-F]{4,6})*) ;\tMA\t#.*")
+_VERSION_LINE = re.compile(r"# Version: (\d+\.\d+\.\d+)")
 
-# Dropped beyond the categories below: look-alikes of the separators '-' and '.' in other
-# categories, and the Hangul fillers, which are default-ignorable (render as nothing) yet letters.
+
+def parse_confusables(text: str) -> tuple[str, dict[str, str]]:
+    """The Unicode version and the mapping (confusable -> prototype) of a confusables.txt or of a part
+    of it. ValueError, naming the line, for anything that is not in the file's format."""
+    version: str | None = None
+    mapping: dict[str, str] = {}
+    for number, line in enumerate(text.lstrip("\ufeff").splitlines(), 1):
+        if line.startswith("#") or not line.strip():
+            version = version or (_VERSION_LINE.fullmatch(line.strip()) or [None, None])[1]
+            continue
+        entry = _CONFUSABLE_LINE.fullmatch(line)
+        if entry is None:
+            raise ValueError(f"line {number} is not 'source ;<tab>prototype ;<tab>MA<tab># ...': {line[:80]!r}")
+        source = chr(int(entry[1], 16))
+        if source in mapping:
+            raise ValueError(f"line {number}: U+{entry[1]} is mapped twice")
+        mapping[source] = "".join(chr(int(cp, 16)) for cp in entry[2].split())
+    if version is None:
+        raise ValueError("no '# Version: N.N.N' line")
+    return version, mapping
+
+
+def _letter_forms(letter: str) -> list[str]:
+    forms = [letter, letter.upper()]
+    try:
+        forms.append(unicodedata.lookup(f"LATIN LETTER SMALL CAPITAL {letter.upper()}"))
+    except KeyError:  # not every letter has one (the fence word's all do)
+        pass
+    return forms
+
+
+def _unmarked(text: str) -> str:
+    return "".join(c for c in text if not unicodedata.category(c).startswith("M"))
+
+
+def _prototype_folds(mapping: dict[str, str]) -> dict[str, str]:
+    """Each prototype the fence folds, and what it folds to: a letter of the word (or a run of them,
+    such as the alchemical symbol for aqua regia, 'AR'), '' for a dropped separator, or < > / =."""
+    letter_of: dict[str, str] = {}
+    for letter in sorted(set(_KEY)):
+        for form in _letter_forms(letter):
+            letter_of.setdefault(mapping.get(form, form), letter)  # I's skeleton is l: l stands for i
+    folds: dict[str, str] = {}
+    for prototype in {*mapping.values(), *letter_of}:
+        bare = _unmarked(prototype)  # i with a stroke through it still reads as an i
+        if bare and all(c in letter_of for c in bare):
+            letters = "".join(letter_of[c] for c in bare)
+            if len(letters) == 1 or letters in _KEY:
+                folds[prototype] = letters
+    folds.update((mapping.get(separator, separator), "") for separator in _DROPPED_SEPARATORS)
+    folds.update((mapping.get(mark, mark), mark) for mark in _KEPT_PUNCTUATION)
+    return folds
+
+
+def fence_sources(mapping: dict[str, str]) -> set[str]:
+    """The characters of a confusables mapping that the fence needs: those whose prototype it folds,
+    and the letter forms and punctuation that are themselves mapped (their skeleton is needed)."""
+    folds = _prototype_folds(mapping)
+    wanted = {form for letter in set(_KEY) for form in _letter_forms(letter)} | set(_DROPPED_SEPARATORS + _KEPT_PUNCTUATION)
+    return {source for source, prototype in mapping.items() if prototype in folds or source in wanted}
+
+
+def _confusable_folds(mapping: dict[str, str]) -> dict[str, str]:
+    """Every character the fence folds (a confusable, or a non-ASCII letter form) -> what it folds to."""
+    folds = _prototype_folds(mapping)
+    chars = {source: folds[prototype] for source, prototype in mapping.items() if prototype in folds}
+    for letter in sorted(set(_KEY)):
+        chars.update((form, letter) for form in _letter_forms(letter) if not form.isascii())
+    return chars
+
+
+def _load_confusables() -> tuple[str, dict[str, str]]:
+    """The fence's confusables data, checked: a missing or malformed file, or one that lacks a
+    letter's look-alikes, stops the import rather than fold less."""
+    try:
+        text = resources.files("sidecar").joinpath(_CONFUSABLES_DATA).read_text(encoding="utf-8")
+        version, mapping = parse_confusables(text)
+    except (OSError, ValueError) as error:
+        raise RuntimeError(f"sidecar/{_CONFUSABLES_DATA}, the untrusted fence's confusables data, is missing or "
+                           f"malformed ({error}): reinstall context-sidecar") from error
+    chars = _confusable_folds(mapping)
+    lacking = [c for c in sorted(set(_KEY)) + list(_DROPPED_SEPARATORS + _KEPT_PUNCTUATION)
+               if not any(fold == (c if c not in _DROPPED_SEPARATORS else "") and not glyph.isascii()
+                          for glyph, fold in chars.items())]
+    if lacking:
+        raise RuntimeError(f"sidecar/{_CONFUSABLES_DATA} (Unicode {version}) has no look-alike of {lacking}: "
+                           f"regenerate it with sidecar/fence_confusables_generate.py")
+    return version, chars
+
+
+CONFUSABLES_VERSION, _CONFUSABLE_CHARS = _load_confusables()
+
+# Dropped beyond the categories below and confusables.txt's look-alikes of - . _ : more dashes, dots
+# and rules that read as separators, and the Hangul fillers, which are default-ignorable (render as
+# nothing) yet letters.
 _DROPPED_EXTRA = ("\u2212\u02d7\u2796\u2043\u30fc\u2500\u2501\u23af"  # minus signs, hyphen bullet, ー, rules
                   "\u00b7\u2022\u2027\u2219\u22c5\u30fb\u0701\u0702"  # middle dots, bullets, Syriac stops
                   "\u115f\u1160\u3164\uffa0")
@@ -109,56 +193,98 @@ def _character_class(code_points: list[int]) -> str:
                          for first, last in ranges) + "]"
 
 
-_DROPPED = _dropped_code_points()
+def _fold_tables(chars: dict[str, str], dropped: set[int]) -> tuple[dict[int, str], set[int], dict[int, str]]:
+    """From the confusables (a character -> what it folds to): the homoglyph table (a folded code
+    point -> the letters or punctuation it stands for), the separators' look-alikes to drop, and the
+    few letter look-alikes folded before NFKD because it turns them into what is dropped (the vertical
+    em dash, a bar that passes for 'I'). The homoglyph table is keyed by each character's folded form
+    (NFKD, casefold, marks off), which is what reaches this step, so capitals count through their
+    small letters (Greek Τ folds to τ) and Cherokee small letters through their capitals. A character
+    that NFKD makes ASCII is already itself; ASCII stays as it is ('l', '1' and '|' for 'I' would
+    only be guesses at fonts)."""
+    homoglyphs: dict[int, str] = {}
+    lookalikes: set[int] = set()
+    before_nfkd: dict[int, str] = {}
+    for char, fold in chars.items():
+        folded = _unmarked(unicodedata.normalize("NFKD", char).casefold())
+        if folded.isascii() or (fold in _DROPPED_SEPARATORS + _KEPT_PUNCTUATION and all(ord(c) in dropped for c in folded)):
+            continue  # a look-alike of punctuation that is dropped already (such as a dash)
+        if len(folded) != 1 or ord(folded) in dropped:
+            if not fold.isalpha():
+                raise RuntimeError(f"U+{ord(char):04X} folds to {folded!r}, not to one code point the fence keeps")
+            before_nfkd[ord(char)] = fold
+        elif not fold:
+            lookalikes.add(ord(folded))
+        elif homoglyphs.setdefault(ord(folded), fold) != fold:
+            raise RuntimeError(f"U+{ord(folded):04X} stands for both {homoglyphs[ord(folded)]!r} and {fold!r}")
+    return homoglyphs, lookalikes, before_nfkd
+
+
+_DROPPED_BY_CATEGORY = _dropped_code_points()
+_HOMOGLYPHS, _LOOKALIKES, _BEFORE_NFKD = _fold_tables(_CONFUSABLE_CHARS, set(_DROPPED_BY_CATEGORY))
+_MAYBE_BEFORE_NFKD = re.compile(_character_class(sorted(_BEFORE_NFKD)))
+_DROPPED = sorted({*_DROPPED_BY_CATEGORY, *_LOOKALIKES})
 _ASCII_DROP: dict[int, None] = {cp: None for cp in _DROPPED if cp < 128}  # str.translate's ASCII fast path
-# re tests a class's BMP part with one bitmap look-up but its other code points one range at a time,
-# so the few dropped code points outside the BMP get a pattern of their own, run only on text that
-# has a code point in their planes' ranges (emoji, the commonest, lie above them).
+# re tests a class's BMP part with one bitmap look-up but its other code points one range at a time.
+# So homoglyphs and dropped code points outside the BMP, and the few homoglyphs that stand for more
+# than one letter, are folded first, by look-up, and only in text that holds one: the rest is then
+# done with BMP classes alone.
+_RARE_FOLD: dict[int, str | None] = {
+    **{cp: None for cp in _DROPPED if cp > 0xFFFF},
+    **{cp: fold for cp, fold in _HOMOGLYPHS.items() if cp > 0xFFFF or len(fold) > 1}}
+_RARE_CHARS = frozenset(map(chr, _RARE_FOLD))
+_MAYBE_RARE = re.compile(_character_class(sorted(cp for cp in _RARE_FOLD if cp <= 0xFFFF))[:-1] + "\\U00010000-\\U0010ffff]")
+_BMP_HOMOGLYPHS = {cp: fold for cp, fold in _HOMOGLYPHS.items() if cp not in _RARE_FOLD}
 _DROPPED_BMP = _character_class([cp for cp in _DROPPED if cp <= 0xFFFF])
 _DROP_BMP = re.compile(_DROPPED_BMP + "+")
-_DROP_ASTRAL = re.compile(_character_class([cp for cp in _DROPPED if cp > 0xFFFF]) + "+")
-_MAYBE_ASTRAL_DROP = re.compile(_character_class(
-    [*range(0x10000, max(cp for cp in _DROPPED if 0xFFFF < cp < 0xE0000) + 1), *range(0xE0000, 0xE1000)]))
-_MAYBE_HOMOGLYPH = re.compile(_character_class(sorted(_HOMOGLYPHS)))
-# A spelling of the word in text after steps 1-3 (decoded, NFKD, casefolded) and without dropped code
-# points outside the BMP: its letters, each Latin or a homoglyph of it, with only dropped code points
-# between them. Searching for it is one C-level scan that settles the common case, a text without
-# the word, without building N(text).
+_MAYBE_HOMOGLYPH = re.compile(_character_class(sorted(_BMP_HOMOGLYPHS)))
+# A spelling of the word in text after steps 1-3 (decoded, NFKD, casefolded) and _fold_rare(): its
+# letters, each Latin or a homoglyph of it, with only dropped code points between them. Searching for
+# it is one C-level scan that settles the common case, a text without the word, without building
+# N(text).
 _SPELLED = re.compile((_DROPPED_BMP + "*+").join(
-    _character_class(sorted([ord(letter), *(cp for cp, latin in _HOMOGLYPHS.items() if latin == letter)]))
+    _character_class(sorted([ord(letter), *(cp for cp, fold in _BMP_HOMOGLYPHS.items() if fold == letter)]))
     for letter in _KEY))
 
 
-def _drop_astral(text: str) -> str:
-    if not text.isascii() and _MAYBE_ASTRAL_DROP.search(text):
-        return "".join(_DROP_ASTRAL.split(text))
+def _fold_rare(text: str) -> str:
+    if not text.isascii() and not _RARE_CHARS.isdisjoint(_MAYBE_RARE.findall(text)):
+        return text.translate(_RARE_FOLD)
     return text
+
+
+def _nfkd_casefold(text: str) -> str:
+    if not text.isascii() and _MAYBE_BEFORE_NFKD.search(text):
+        text = text.translate(_BEFORE_NFKD)
+    return unicodedata.normalize("NFKD", text).casefold()
 
 
 def _fold(text: str) -> str:
     """Steps 2-5 of normalise(), on text whose character references are already decoded."""
-    text = unicodedata.normalize("NFKD", text).casefold()
+    text = _nfkd_casefold(text)
     if text.isascii():
         return text.translate(_ASCII_DROP)  # no homoglyph is ASCII
+    text = _fold_rare(text)
     if _MAYBE_HOMOGLYPH.search(text):
-        text = text.translate(_HOMOGLYPHS)
-    return _drop_astral("".join(_DROP_BMP.split(text)))
+        text = text.translate(_BMP_HOMOGLYPHS)
+    return "".join(_DROP_BMP.split(text))
 
 
 def normalise(text: str) -> str:
     """N(text), the form in which every spelling of the fence word reads 'sidecaruntrusted':
-    character references decoded (one level), NFKD, casefold, the homoglyph table, and marks, format
-    characters, controls, whitespace and the separators - _ . (and their look-alikes) dropped."""
+    character references decoded (one level), NFKD, casefold, every look-alike in confusables.txt of
+    the word's letters and of < > / = folded to it, and marks, format characters, controls,
+    whitespace and the separators - _ . (and their look-alikes) dropped."""
     return _fold(html.unescape(text))
 
 
 def _spelled(text: str) -> bool:
     """Whether normalise(text) holds the word, found without building it (but for ASCII, where
     building it is the faster)."""
-    folded = unicodedata.normalize("NFKD", html.unescape(text)).casefold()
+    folded = _nfkd_casefold(html.unescape(text))
     if folded.isascii():
         return _KEY in folded.translate(_ASCII_DROP)
-    return _SPELLED.search(_drop_astral(folded)) is not None
+    return _SPELLED.search(_fold_rare(folded)) is not None
 
 
 @lru_cache(maxsize=4096)
@@ -266,11 +392,20 @@ _FENCED = re.compile(f'<{KEYWORD} source="({_SOURCE.pattern})">\n{re.escape(PREA
                      re.DOTALL)
 
 
-def _content(text: str) -> str | None:
+def split_block(text: str) -> tuple[str, str, str] | None:
+    """A block as fence() makes it, cut into (head, content, tail): head is the opening line and the
+    preamble line, each with its newline; content is the neutralised content; tail is the newline
+    before the closing line and the closing line. head + content + tail == text, so a clipper can
+    shorten content alone and keep the block whole. None for a text that is not exactly one block."""
     block = _FENCED.fullmatch(text)
     if block is None or _spelled(block.group(1)) or _spelled(block.group(2)):
         return None
-    return block.group(2)
+    return text[:block.start(2)], block.group(2), text[block.end(2):]
+
+
+def _content(text: str) -> str | None:
+    parts = split_block(text)
+    return None if parts is None else parts[1]
 
 
 def is_fenced(text: str) -> bool:
