@@ -58,11 +58,10 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from benchmarks import corpus
-from sidecar.capabilities import capability_document
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
-from sidecar.server import SERVICE_NAME, Services, bound_address, build_server, start
-from sidecar.servicer import ContextSidecarServicer, add_servicer_to_server
+from sidecar.server import SERVICE_NAME, Services, bound_address, build_server, servicer_for, start
+from sidecar.servicer import add_servicer_to_server
 from sidecar.settings import ContextSettings, ServerSettings, Settings, StorageSettings
 
 KINDS = ("sync", "aio-inline", "aio-threadpool")
@@ -121,7 +120,7 @@ async def serve_aio(kind: str, settings: Settings, services: Services) -> None:
         migration_thread_pool=pool,
         options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit),
                  ("grpc.so_reuseport", 0)])
-    servicer = ContextSidecarServicer(services.transcripts, services.counters, capability_document(settings.context))
+    servicer = servicer_for(settings, services)
     health_servicer: Any
     if kind == "aio-inline":
         add_servicer_to_server(servicer, server, on_the_loop)

@@ -63,7 +63,9 @@ def select_window(
     ``NOT_A_UNIT`` are log entries that are not transcript (a ``context.summarized`` event):
     they weigh nothing and are never counted. Events below ``floor_seq`` are replaced by
     summaries; ``prefix_tokens`` are those summaries' counts, oldest first: the oldest units of
-    the transcript, before ``floor_seq``. ``max_events`` bounds the units (0: no bound).
+    the transcript, before ``floor_seq``. ``max_events`` bounds the units (0: no bound) that
+    the window is extended by; the mandatory events are in even beyond it (the caller refuses
+    such a window: ``transcript_window_exceeded``).
 
     Returns ``(start_seq, mandatory_start, tokens, cap, prefix_in)``:
 
@@ -74,7 +76,9 @@ def select_window(
       call_id (and, transitively, whatever lies between): always in;
     - ``cap`` is -1 when everything fits, else the per-event token cap that the mandatory
       events must be clipped to (events above it are clipped to it) so the window fits
-      ``budget``; ``tokens`` is then the sum of the capped counts;
+      ``budget``; ``tokens`` is then the sum of the capped counts. It knows counts only: the
+      caller clips to a cap that also leaves every clip room for its elision marker
+      (``sidecar.window.fair_cap``), or refuses;
     - a cut never separates a group: it moves to the newer side (the group goes out); a group
       reaching below ``floor_seq`` counts as starting there (its older part is summarised).
 

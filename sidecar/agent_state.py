@@ -13,14 +13,16 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import jsonschema
 import lmdb
 
 from sidecar.errors import FieldViolation, NotFound, StateInvalid, ValidationError
 from sidecar.records import dump_json, load_json
+from sidecar.redaction import redact_json_text
 from sidecar.store import be32, last_under, records_under
+from sidecar.validation import json_schema_validator
 
 SUBSET = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 SCHEMA_SUFFIX = ".schema.json"
@@ -35,11 +37,10 @@ class StateSchemas:
         for subset, schema in (schemas or {}).items():
             if not isinstance(subset, str) or not SUBSET.match(subset):
                 raise ValueError(f"state schema {subset!r}: a subset name is 1-64 of A-Z a-z 0-9 _ . -")
-            cls = jsonschema.validators.validator_for(schema)
             try:
-                cls.check_schema(schema)
-            except jsonschema.SchemaError as error:
-                raise ValueError(f"state schema {subset!r} is not a valid JSON schema: {error.message}") from None
+                cls = json_schema_validator(schema)
+            except ValueError as error:
+                raise ValueError(f"state schema {subset!r}: {error}") from None
             self._validators[subset] = cls(schema)
 
     @property
@@ -85,14 +86,13 @@ def check_subset(subset: str) -> str:
     return subset
 
 
-def parse_value(text: str, limit: int) -> Any:
+def parse_value(text: str, limit: int, redact: Callable[[str], str]) -> Any:
+    """The value as it is stored: parsed by the strict parser (NaN, deep nesting and the like
+    are refused, so GetState always answers JSON), then every string in it redacted (SR-1)."""
     size = len(text.encode("utf-8"))
     if size > limit:
         raise ValidationError.field("json", f"is {size} bytes; at most {limit} are allowed ([context] max_event_bytes)")
-    try:
-        return json.loads(text)
-    except ValueError as error:
-        raise ValidationError.field("json", f"is not JSON: {error}") from None
+    return redact_json_text(text, redact, "json")[1]
 
 
 def put_data(txn: lmdb.Transaction, db: dict, key: bytes, subset: str, value: Any) -> None:

@@ -14,6 +14,7 @@ summary or the built-in distiller. A retried compaction of the same sources retu
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -39,6 +40,7 @@ MAX_LISTED_SOURCES = 100  # RFC 0012: sourceIds may be omitted above this; sourc
 PROVENANCE = re.compile(r"^compacted-from:[^\s:][^\s]*$")
 _FIRST_SENTENCE = re.compile(r"(?<=[.!?])\s|\n")
 _MAX_LINE_CHARS = 200
+_CUT_MARKER = re.compile(r"\s*\[REDACTED:[^\]\s]*$")  # a marker that a cut would leave open
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +61,9 @@ def distil(counter, sources: Sequence[Source], token_budget: int, max_output_byt
     lines: list[str] = []
     for source in sources:
         first = _FIRST_SENTENCE.split(source.content.strip(), maxsplit=1)[0]
-        line = " ".join(first.split())[:_MAX_LINE_CHARS]
+        line = " ".join(first.split())
+        if len(line) > _MAX_LINE_CHARS:  # a marker is kept whole or not at all
+            line = _CUT_MARKER.sub("", line[:_MAX_LINE_CHARS])
         if line and line not in lines:
             lines.append(line)
     weights: Counter = Counter()
@@ -116,14 +120,23 @@ class Compactor:
                     "" if source_ids else f" beyond the newest {settings.keep_recent}"))
             sources = self._memories.read_sources(txn, key, ids)
 
-        text = summary_text or distil(self._counter, sources, budget, settings.max_output_bytes)
-        tags = sorted({tag for source in sources for tag in source.tags if not PROVENANCE.match(tag)})
+        text = summary_text or distil(self._counter, [self._redacted(tenant, source) for source in sources], budget,
+                                      settings.max_output_bytes)
+        # The entry keeps the tags a put would accept now: a source's tag that holds a secret
+        # registered after it was stored is dropped, never carried forward (nor redacted: a tag is
+        # an identifier, and the sources, tag and all, are deleted below).
+        offered = {tag for source in sources for tag in source.tags if not PROVENANCE.match(tag)}
+        tags = sorted(tag for tag in offered if self._memories.redact(tenant, tag) == tag)
+        if len(tags) < len(offered):
+            log.info("compaction of %s in tenant %s drops %d source tag(s) holding a secret", memory_ref, tenant,
+                     len(offered) - len(tags))
         digest = hashlib.sha256("\0".join([memory_ref, *sorted(ids), text]).encode("utf-8")).hexdigest()
         compaction_id = f"cmp_{digest[:16]}"
         # SR-1 carry-forward: the distilled text goes through the same redaction as a fresh put,
         # however clean its sources were; prepare() redacts before counting.
         output = self._memories.prepare(tenant, text, tags[:MAX_TAGS - 1] + [f"compacted-from:{compaction_id}"],
-                                        entry_id=f"mem_{compaction_id}")
+                                        entry_id=f"mem_{compaction_id}",
+                                        content_field="summary_text" if summary_text else "content")
         if output.tokens > budget or len(output.content.encode("utf-8")) > settings.max_output_bytes:
             raise TokenBudgetExceeded(
                 f"the distilled entry is {output.tokens} tokens and {len(output.content.encode('utf-8'))} bytes; "
@@ -159,6 +172,15 @@ class Compactor:
         if outcome.created:
             self._events.publish(tenant, [outcome.event])
         return outcome
+
+    def _redacted(self, tenant: str, source: Source) -> Source:
+        """The source as a put would store it today, for the distiller: a source stored before a
+        secret in it was registered is redacted before any cut, which could keep part of the
+        secret that no later redaction recognises. (The stored source, and its terms, which the
+        index must take out, stay as they are.)"""
+        content = self._memories.redact(tenant, source.content)
+        return source if content == source.content else dataclasses.replace(
+            source, content=content, terms=Counter(terms(content)))
 
     @staticmethod
     def _record_key(key: bytes, ids: Sequence[str]) -> bytes:

@@ -26,32 +26,50 @@ class TokenCounter(Protocol):
     def count(self, text: str) -> int:
         """Tokens of ``text`` in this counter's unit."""
 
-    def clip(self, text: str, target: int) -> str:
-        """``text`` if it fits ``target``, else head + elision marker + tail counting <= target."""
+    def clip(self, text: str, target: int, opening: str = "", closing: str = "") -> str:
+        """``opening + text + closing`` if it fits ``target``, else ``opening`` + the first units
+        of ``text`` + elision marker + its last units + ``closing``, counting <= target; "" when
+        even ``opening`` + marker + ``closing`` does not fit. A caller that must never feed a
+        text emptied without a marker (the window) holds ``target`` at or above
+        :meth:`marked_minimum`."""
+
+    def marked_minimum(self, units: int, opening: str = "", closing: str = "") -> int:
+        """The count of the smallest clipped form of a text of ``units`` units: ``opening`` +
+        elision marker + ``closing``. No clip of such a text fits a target below it."""
 
 
 def elision_marker(elided: int, unit: str) -> str:
     return f"\n[... {elided} {unit} elided ...]\n"
 
 
-def _clip(total: int, render: Callable[[int, int], tuple[str, str]], count: Callable[[str], int],
-          target: int, unit: str) -> str:
-    """Keep the first and last units of a text of ``total`` units, so the result fits ``target``.
+def _marked_minimum(count: Callable[[str], int], units: int, unit: str, opening: str, closing: str) -> int:
+    return count(opening + elision_marker(units, unit) + closing)
 
-    ``render(head, tail)`` gives the text of the first ``head`` and last ``tail`` units. The
-    search is deterministic: the same text and target always give the same bytes.
+
+def _clip(total: int, render: Callable[[int, int], tuple[str, str]], count: Callable[[str], int],
+          target: int, unit: str, opening: str, closing: str) -> str:
+    """Keep the first and last units of a text of ``total`` units, between ``opening`` and
+    ``closing`` (kept whole), so the result fits ``target``; "" when no marked form fits.
+
+    ``render(head, tail)`` gives the text of the first ``head`` and last ``tail`` units. Every
+    candidate is counted whole (tokens can merge across the joins), so the result's count is a
+    recount of exactly what is fed. The search is deterministic: the same text and target always
+    give the same bytes.
     """
-    keep = target - count(elision_marker(total, unit))
+    marker_only = opening + elision_marker(total, unit) + closing
+    floor = _marked_minimum(count, total, unit, opening, closing)
+    if floor > target:
+        return ""
+    keep = target - floor
     while keep > 0:
         head, tail = (keep + 1) // 2, keep // 2
         head_text, tail_text = render(head, tail)
-        candidate = head_text + elision_marker(total - head - tail, unit) + tail_text
+        candidate = opening + head_text + elision_marker(total - head - tail, unit) + tail_text + closing
         used = count(candidate)
         if used <= target:
             return candidate
         keep -= used - target
-    marker_only = elision_marker(total, unit)
-    return marker_only if count(marker_only) <= target else ""
+    return marker_only
 
 
 class TiktokenCounter:
@@ -62,10 +80,11 @@ class TiktokenCounter:
     def count(self, text: str) -> int:
         return len(self._encoding.encode_ordinary(text))
 
-    def clip(self, text: str, target: int) -> str:
+    def clip(self, text: str, target: int, opening: str = "", closing: str = "") -> str:
         tokens = self._encoding.encode_ordinary(text)
-        if len(tokens) <= target:
-            return text
+        whole = opening + text + closing
+        if (len(tokens) if whole == text else self.count(whole)) <= target:
+            return whole
         decode = self._encoding.decode_bytes
 
         def render(head: int, tail: int) -> tuple[str, str]:
@@ -74,7 +93,10 @@ class TiktokenCounter:
             tail_text = decode(tokens[len(tokens) - tail:]).decode("utf-8", "ignore") if tail else ""
             return head_text, tail_text
 
-        return _clip(len(tokens), render, self.count, target, "tokens")
+        return _clip(len(tokens), render, self.count, target, "tokens", opening, closing)
+
+    def marked_minimum(self, units: int, opening: str = "", closing: str = "") -> int:
+        return _marked_minimum(self.count, units, "tokens", opening, closing)
 
 
 class CharsCounter:
@@ -85,12 +107,15 @@ class CharsCounter:
     def count(self, text: str) -> int:
         return fastcore.count_code_points(text.encode("utf-8"))
 
-    def clip(self, text: str, target: int) -> str:
+    def clip(self, text: str, target: int, opening: str = "", closing: str = "") -> str:
         total = self.count(text)
-        if total <= target:
-            return text
+        if self.count(opening) + total + self.count(closing) <= target:
+            return opening + text + closing
         return _clip(total, lambda head, tail: (text[:head], text[total - tail:] if tail else ""),
-                     self.count, target, "chars")
+                     self.count, target, "chars", opening, closing)
+
+    def marked_minimum(self, units: int, opening: str = "", closing: str = "") -> int:
+        return _marked_minimum(self.count, units, "chars", opening, closing)
 
 
 class HostDefinedCounter:
@@ -102,10 +127,14 @@ class HostDefinedCounter:
         raise ValidationError.field(
             "token_counter", "host-defined counts come from the host; the sidecar cannot count text in them")
 
-    def clip(self, text: str, target: int) -> str:
+    def clip(self, text: str, target: int, opening: str = "", closing: str = "") -> str:
         raise TokenBudgetExceeded(
             "the active turn alone exceeds the token budget and host-defined text cannot be clipped "
             "by the sidecar; send the turn's events smaller or give the run a larger budget")
+
+    def marked_minimum(self, units: int, opening: str = "", closing: str = "") -> int:
+        self.clip("", 0)  # raises: the sidecar can neither count nor clip host-defined text
+        return 0
 
 
 class Counters:

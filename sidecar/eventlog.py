@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 from itertools import islice
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import lmdb
 
@@ -24,7 +24,7 @@ from sidecar.records import (ID_SEPARATOR, StoredEvent, decode_event, decode_id_
 from sidecar.runs import SIDECAR_ID_PREFIX, Run, save_run
 from sidecar.settings import ROLES, ContextSettings
 from sidecar.store import be32
-from sidecar.validation import check_at_least, check_id, strict_json
+from sidecar.validation import check_at_least, check_id, json_field
 
 # 128 packed records are 1.5 KiB: small enough to stay inline in an LMDB leaf page, so an append
 # rewrites one page instead of a chain of overflow pages (measured: ~15% off a durable turn).
@@ -135,12 +135,11 @@ def check_tool_call(event: NewEvent, at: str) -> None:
         raise ValidationError.field(f"{at}.tool_name", "must be 1-64 of A-Z a-z 0-9 _ - (as providers name tools)")
     if event.role != "assistant" or not event.call_id:
         raise ValidationError.field(f"{at}.tool_name", "is only for tool calls: role 'assistant' with a call_id")
-    try:
-        arguments = strict_json(event.content)
-    except ValueError:
-        arguments = None
-    if not isinstance(arguments, dict):
+    if not isinstance(json_field(f"{at}.content", event.content), dict):
         raise ValidationError.field(f"{at}.content", "a tool call's content is its arguments: a JSON object")
+    if event.untrusted:  # fenced, its arguments would be text, not the JSON object a rendering sends
+        raise ValidationError.field(f"{at}.untrusted", "a tool call's arguments are sent as JSON, so they cannot be "
+                                    "fenced as untrusted data; mark its result untrusted instead")
 
 
 def count_texts(counters: Counters, counter_name: str, texts: Sequence[str],
@@ -217,11 +216,31 @@ def _same_event(stored: StoredEvent, stored_host_count: int | None, event: NewEv
 
 def read_records(txn: lmdb.Transaction, db: dict, key: bytes, start: int, end: int) -> list[bytes]:
     """The stored records of entries ``[start, end)``: one cursor pass, iterated in C."""
+    return list(iter_records(txn, db, key, start, end))
+
+
+def iter_records(txn: lmdb.Transaction, db: dict, key: bytes, start: int, end: int) -> Iterator[bytes]:
+    """The stored records of entries ``[start, end)``, read as they are taken."""
     if start >= end:
-        return []
+        return iter(())
     cursor = txn.cursor(db=db["events"])
     cursor.set_key(key + be32(start))
-    return list(islice(cursor.iternext(keys=False), end - start))
+    return islice(cursor.iternext(keys=False), end - start)
+
+
+def check_request_size(field: str, contents: Sequence[str], limits: ContextSettings) -> None:
+    """Refuse a call whose ``contents`` (events' contents, or texts) pass ``[context]``
+    max_request_events or max_request_bytes, naming ``field``: one caller's call must not hold a
+    worker (and the GIL) for long enough to starve the others."""
+    if len(contents) > limits.max_request_events:
+        raise ValidationError.field(field, f"holds {len(contents)} items; at most {limits.max_request_events} "
+                                    "are allowed in one call ([context] max_request_events)")
+    total = 0
+    for content in contents:
+        total += len(content.encode("utf-8"))
+        if total > limits.max_request_bytes:
+            raise ValidationError.field(field, f"holds more than {limits.max_request_bytes} bytes of content; "
+                                        "that is the most one call may carry ([context] max_request_bytes)")
 
 
 def read_ids(txn: lmdb.Transaction, db: dict, key: bytes, start: int, end: int) -> list[str]:

@@ -12,12 +12,14 @@ import queue
 import threading
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from itertools import islice
 from typing import Any, Callable, Iterable, Iterator
 
 import lmdb
 
 from sidecar.errors import WatchFellBehind
 from sidecar.store import Store, last_under, records_under, scope
+from sidecar.validation import page_within_bytes
 
 MAX_WATCH_BACKLOG = 10_000  # a watcher that falls this far behind is dropped, not the sidecar
 
@@ -85,18 +87,24 @@ class EventLog:
         txn.put(prefix + seq.to_bytes(8, "big"), event.json().encode("utf-8"), db=self._db)
         return event
 
-    def list(self, tenant: str, since: int = 0, memory_ref: str = "", limit: int = 1000) -> list[Event]:
-        """The tenant's kept events after seq ``since``, oldest first, of one memory ref if named."""
+    def list(self, tenant: str, since: int = 0, memory_ref: str = "",
+             limit: int = 1000) -> tuple[list[Event], bool]:
+        """The tenant's kept events after seq ``since``, oldest first, of one memory ref if named:
+        at most ``limit``, and no more than fit in a page's bytes; and whether more follow (the
+        next page starts after the last seq of this one)."""
         prefix = scope(tenant)
-        events: list[Event] = []
-        with self._store.read() as txn:
+
+        def matching(txn: lmdb.Transaction) -> Iterator[tuple[int, bytes, dict[str, Any]]]:
             for seq, value in records_under(txn, self._db, prefix, (since + 1).to_bytes(8, "big")):
-                if len(events) >= limit:
-                    break
                 payload = json.loads(value)
                 if not memory_ref or payload.get("memoryRef") == memory_ref:
-                    events.append(Event(int.from_bytes(seq, "big"), payload["type"], payload))
-        return events
+                    yield int.from_bytes(seq, "big"), value, payload
+
+        with self._store.read() as txn:
+            page, more = page_within_bytes(islice(matching(txn), limit + 1), lambda found: len(found[1]))
+        if len(page) > limit:
+            page, more = page[:limit], True
+        return [Event(seq, payload["type"], payload) for seq, _, payload in page], more
 
     def watch(self, tenant: str, types: Iterable[str]) -> Watch:
         watch = Watch(tenant, frozenset(types))

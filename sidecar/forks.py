@@ -7,12 +7,16 @@ carries, as *pending*, every summary the source recorded at or after ``from_seq`
 reaches the point of the log where the source recorded one, the fork records that same summary
 (same ref, same replaced turns, same text): before the next host event that came after it, at
 an AssembleContext of its iteration or later, or when the host asks RecordSummary for that
-range. If the host's log departs from the source's (other events, another summary), the fork
-stops replaying and from then on behaves as a branch.
+range. It reuses them only while the host replays the source exactly: the fork also carries a
+fingerprint of each host event the source appended from ``from_seq`` to its last summary, and
+every event the host appends is held against the one at its seq. From the first that differs
+(another id, content, role, type, call, tool or iteration, or another summary), the fork stops
+replaying and from then on behaves as a branch: its host's summaries are recorded as written.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any, Callable
 
@@ -20,11 +24,11 @@ import lmdb
 
 from sidecar.errors import Conflict, NotFound, SummaryUnavailable, ValidationError
 import fastcore
-from sidecar.eventlog import CHUNK_EVENTS, LogWriter, NewEvent, host_event_ids, read_ids
+from sidecar.eventlog import CHUNK_EVENTS, LogWriter, NewEvent, host_event_ids, read_ids, read_records
 from sidecar.records import ID_SEPARATOR, StoredEvent, decode_event
 from sidecar.runs import Deps, ForkOrigin, Run, load_run, require_run, save_run
 from sidecar.store import be32, records_under, sweep
-from sidecar.summaries import Summary, in_force, load_summary, read_artifact, write_summary
+from sidecar.summaries import Summary, in_force, load_summary, newest_in_force, read_artifact, write_summary
 from sidecar.validation import check_at_least
 
 MODES = ("replay", "branch")
@@ -79,6 +83,14 @@ def fork_run(deps: Deps, txn: lmdb.Transaction, source_key: bytes, source_run_id
         txn.put(fork_key + be32(summary.seq), json.dumps({
             "summary": summary.as_dict(), "text": artifact.content, "role": artifact.role,
             "counter": source.settings.token_counter}).encode("utf-8"), db=db["replay"])
+    if pending:
+        # The source's host events up to its last summary, each keyed by its seq like the summaries
+        # between them: a summary is reused only after the fork's host appended exactly these.
+        summary_seqs = {summary.seq for summary in pending}
+        for seq, raw in enumerate(read_records(txn, db, source_key, from_seq, pending[-1].seq), start=from_seq):
+            if seq not in summary_seqs:
+                txn.put(fork_key + be32(seq), json.dumps({"event": _fingerprint(decode_event(raw))}).encode("utf-8"),
+                        db=db["replay"])
 
     limit = decode_event(txn.get(source_key + be32(from_seq), db=db["events"])).iteration \
         if from_seq < source.next_seq else None
@@ -146,15 +158,22 @@ def delete_artifact(txn: lmdb.Transaction, db: dict, key: bytes, run_id: str, ar
 # -- replay ----------------------------------------------------------------------------------
 
 def before_host_event(deps: Deps, writer: LogWriter, event: NewEvent) -> None:
-    """Record the source's summaries that came, in the source's log, before this event."""
+    """Record the source's summaries that came, in the source's log, before this event; then
+    hold the event against the source's at its seq: the first that differs ends the replay."""
     while writer.run.replay_pending:
-        pending = _pending_at(writer)
-        if pending is None:
+        found = _source_at(writer)
+        if found is None:
             return
-        if pending[0].iteration > event.iteration:  # the source had this event after the summary
+        if isinstance(found, str):
+            if found != _fingerprint(event):
+                _stop_replaying(writer)
+                return
+            writer.txn.delete(writer.key + be32(writer.run.next_seq), db=writer.db["replay"])
+            return
+        if found[0].iteration > event.iteration:  # the source's events after it are of its iteration or later
             _stop_replaying(writer)
             return
-        if _apply(deps, writer, pending) is None:
+        if _apply(deps, writer, found) is None:
             return
 
 
@@ -185,9 +204,24 @@ def recorded_for(deps: Deps, writer: LogWriter, replaced: tuple[str, ...]) -> tu
     return (pending[0], entry) if entry is not None else None
 
 
+def _fingerprint(event: StoredEvent | NewEvent) -> str:
+    """Every field of a host event that the source's windows were made of (its content as
+    stored: redacted and, when untrusted, fenced; the count follows from it and the counter)."""
+    fields = [event.event_id, event.iteration, event.role, event.type, event.content, event.call_id, event.tool_name]
+    return hashlib.sha256(json.dumps(fields).encode("utf-8")).hexdigest()
+
+
 def _pending_at(writer: LogWriter) -> tuple[Summary, dict] | None:
-    """The source's summary due at the fork's next seq, if any. One the fork already passed
-    (its log grew otherwise than the source's) ends the replay."""
+    """The source's summary due at the fork's next seq, if any."""
+    found = _source_at(writer)
+    return found if isinstance(found, tuple) else None
+
+
+def _source_at(writer: LogWriter) -> str | tuple[Summary, dict] | None:
+    """What the source's log holds at the fork's next seq: a host event's fingerprint, a summary
+    (with its text), or None when nothing is carried for it (past the source's last summary, or a
+    fork made before fingerprints were carried). A record the fork already passed (its log grew
+    otherwise than the source's) ends the replay."""
     cursor = writer.txn.cursor(db=writer.db["replay"])
     if not cursor.set_range(writer.key) or not cursor.key().startswith(writer.key):
         return None
@@ -198,6 +232,8 @@ def _pending_at(writer: LogWriter) -> tuple[Summary, dict] | None:
     if seq > writer.run.next_seq:
         return None
     value = json.loads(cursor.value())
+    if "event" in value:
+        return value["event"]
     return Summary.from_dict(value.pop("summary")), value
 
 
@@ -221,10 +257,10 @@ def _still_replaying(writer: LogWriter, summary: Summary) -> bool:
     if summary.seq != run.next_seq or summary.index != run.summaries:
         return False
     top = in_force(txn, db, key, run, summary.iteration)
-    stack = top.stack if top else ()
     if (top.to_seq if top else 0) != summary.from_seq:
         return False
-    if summary.replaced_summaries and stack[len(stack) - len(summary.replaced_summaries):] != summary.replaced_summaries:
+    newest = newest_in_force(txn, db, key, top, len(summary.replaced_summaries))
+    if tuple(replaced.index for replaced in newest) != summary.replaced_summaries:
         return False
     ids = host_event_ids(txn, db, key, summary.from_seq, summary.to_seq)
     return tuple(ids) == summary.replaced_turns[len(summary.replaced_summaries):]

@@ -19,9 +19,14 @@ Each memory ref keeps, under ``scope(tenant, ref)``:
   until the next write);
 - ``mem_meta``: the next ordinal, the live entries, their total length, the embedding dimension.
 
-Deleted or replaced entries leave their postings behind (a walk skips ordinals no longer in
-``mem_docs``); their document frequencies and lengths are taken out at once, so the BM25
-statistics are exact.
+A deleted, replaced, expired or compacted entry's document frequencies and length are taken out
+at once, so the BM25 statistics are exact. Its postings are reclaimed too, so that no term (a
+late-registered secret's, say) outlives every entry that held it: a term whose last live entry
+goes loses its ``mem_df`` record and its segments in the same transaction; a term whose dead
+postings outnumber its live ones has its postings rewritten without them. A term therefore keeps
+at most twice the postings of its live entries, and a rewrite of P postings follows at least P/2
+removals, so reclaiming costs a constant per removal, amortised. Until then a ranked walk skips
+the dead ordinals (no longer in ``mem_docs``).
 """
 
 from __future__ import annotations
@@ -41,10 +46,10 @@ import fastcore
 from sidecar.counting import Counters, TokenCounter
 from sidecar.errors import NotFound, ValidationError
 from sidecar.records import dump_json, encode_memory, load_json, memory_content
-from sidecar.redaction import Redactor
+from sidecar.redaction import Redactor, refuse_secrets
 from sidecar.settings import MemorySettings
 from sidecar.store import Store, be32, records_under, scope
-from sidecar.validation import check_at_least, check_id
+from sidecar.validation import check_at_least, check_at_most, check_id, page_within_bytes
 
 MAX_REF_BYTES = 256
 _REF = re.compile(r"^[A-Za-z0-9_.:/@-]+$")
@@ -53,6 +58,9 @@ MAX_TERM_BYTES = 64
 MAX_TAGS = 32
 MAX_TAG_BYTES = 64
 MAX_EMBEDDING_DIM = 4096
+# 100 years of 365 days: any real retention fits, and every expiry stays a valid protobuf
+# Timestamp (before the year 10000) and a 64-bit count of milliseconds.
+MAX_TTL_SECONDS = 100 * 365 * 24 * 3600
 POSTINGS_PER_CHUNK = 128  # 1 KiB: a term's record with its open chunk stays inline in a leaf page
 POSTINGS_PER_SEGMENT = 8192  # 64 KiB sealed segments: 100k postings are ~13 reads
 BM25_K1, BM25_B = 1.2, 0.75
@@ -128,6 +136,7 @@ class MemoryList:
     scores: list[float] | None  # per entry, in relevance answers
     tokens_used: int
     left_out_for_budget: int
+    left_out_for_size: int = 0  # chosen, but past the answer's byte bound
 
 
 @dataclass(slots=True)
@@ -205,18 +214,23 @@ class Memories:
     # -- writes -------------------------------------------------------------------------------
 
     def prepare(self, tenant: str, content: str, tags: Sequence[str] = (), ttl_seconds: int = 0,
-                entry_id: str = "", embedding: Sequence[float] = ()) -> PreparedEntry:
+                entry_id: str = "", embedding: Sequence[float] = (),
+                content_field: str = "content") -> PreparedEntry:
         """Validate, redact (SR-1: before anything is counted or stored), count and index an entry,
-        all outside any transaction."""
+        all outside any transaction. ``content_field`` names the content in errors, as the caller sent it."""
         size = len(content.encode("utf-8"))
         if size > self._settings.max_entry_bytes:
-            raise ValidationError.field("content", f"is {size} bytes; at most {self._settings.max_entry_bytes} "
+            raise ValidationError.field(content_field, f"is {size} bytes; at most {self._settings.max_entry_bytes} "
                                         "are allowed ([memory] max_entry_bytes)")
         if len(tags) > MAX_TAGS:
             raise ValidationError.field("tags", f"at most {MAX_TAGS} tags are allowed")
         for i, tag in enumerate(tags):
             check_id(f"tags[{i}]", tag, max_bytes=MAX_TAG_BYTES)
+        # A tag is an identifier (matched, keyed and answered as it is): one holding a secret is
+        # refused, never redacted.
+        refuse_secrets(lambda text: self.redact(tenant, text), [(f"tags[{i}]", tag) for i, tag in enumerate(tags)])
         check_at_least("ttl_seconds", ttl_seconds, 0)
+        check_at_most("ttl_seconds", ttl_seconds, MAX_TTL_SECONDS, "100 years")
         entry_id = entry_id or f"mem_{secrets.token_hex(8)}"
         check_id("entry_id", entry_id)
         vector = self._check_embedding("embedding", embedding)
@@ -243,6 +257,11 @@ class Memories:
 
         replaced = self._store.write(write)
         return PutResult(entry.entry_id, entry.tokens, entry.secret_ids, replaced)
+
+    def redact(self, tenant: str, text: str) -> str:
+        """The text as a put would store it today (SR-1), e.g. a source stored before a secret in it
+        was registered."""
+        return self._redactor.redact(tenant, "", text).text
 
     def insert(self, txn: lmdb.Transaction, key: bytes, meta: _Meta, entry: PreparedEntry) -> None:
         """Store a prepared entry as the ref's newest, indexed; the caller saves ``meta``."""
@@ -320,11 +339,45 @@ class Memories:
             txn.delete(key + ordinal_key, db=self._db["mem_vectors"])
             removed += 1
         for term, count in decrements.items():
-            term_key = key + term.encode("utf-8") + b"\0"
-            stored = txn.get(term_key, db=self._db["mem_df"])
-            df, sealed = _TERM_HEAD.unpack_from(stored)
-            txn.put(term_key, _TERM_HEAD.pack(df - count, sealed) + stored[_TERM_HEAD.size:], db=self._db["mem_df"])
+            self._discount(txn, key, term, count)
         return removed
+
+    def _discount(self, txn: lmdb.Transaction, key: bytes, term: str, removed: int) -> None:
+        """Take ``removed`` entries (already out of ``mem_docs``) out of a term's df, reclaiming
+        its dead postings as the module docstring says."""
+        term_key = key + term.encode("utf-8") + b"\0"
+        stored = txn.get(term_key, db=self._db["mem_df"])
+        df, sealed = _TERM_HEAD.unpack_from(stored)
+        df -= removed
+        open_chunk = stored[_TERM_HEAD.size:]
+        segments = -(-sealed // POSTINGS_PER_SEGMENT)
+        if df <= 0:  # no live entry holds the term any more: nothing of it stays
+            txn.delete(term_key, db=self._db["mem_df"])
+            for segment in range(segments):
+                txn.delete(term_key + be32(segment), db=self._db["mem_postings"])
+            return
+        dead = sealed + len(open_chunk) // _POSTING.size - df
+        if dead <= df:
+            txn.put(term_key, _TERM_HEAD.pack(df, sealed) + open_chunk, db=self._db["mem_df"])
+            return
+        postings = b"".join(txn.get(term_key + be32(segment), db=self._db["mem_postings"])
+                            for segment in range(segments)) + open_chunk
+        ordinals = [ordinal for ordinal, _, _ in _POSTING.iter_unpack(postings)]
+        live = {doc_key[len(key):] for doc_key, _ in txn.cursor(db=self._db["mem_docs"]).getmulti(
+            [key + be32(ordinal) for ordinal in ordinals])}
+        kept = b"".join(postings[i * _POSTING.size:(i + 1) * _POSTING.size]
+                        for i, ordinal in enumerate(ordinals) if be32(ordinal) in live)
+        count = len(kept) // _POSTING.size
+        # Sealed postings stay whole chunks, so the next full open chunk lands where _post expects it.
+        new_sealed = count - count % POSTINGS_PER_CHUNK
+        new_segments = -(-new_sealed // POSTINGS_PER_SEGMENT)
+        for segment in range(new_segments):
+            end = min((segment + 1) * POSTINGS_PER_SEGMENT, new_sealed)
+            txn.put(term_key + be32(segment), kept[segment * POSTINGS_PER_SEGMENT * _POSTING.size:end * _POSTING.size],
+                    db=self._db["mem_postings"])
+        for segment in range(new_segments, segments):
+            txn.delete(term_key + be32(segment), db=self._db["mem_postings"])
+        txn.put(term_key, _TERM_HEAD.pack(df, new_sealed) + kept[new_sealed * _POSTING.size:], db=self._db["mem_df"])
 
     def _purge_expired(self, txn: lmdb.Transaction, key: bytes, meta: _Meta, now: int) -> None:
         """Remove the ref's entries whose expiry has come (oldest expiry first, stop at the first
@@ -450,10 +503,15 @@ class Memories:
             else:
                 ranked = self._by_relevance(txn, key, meta, request.query, query_vector)
             selected, scores, used, left_out = self._walk(ranked, request, now)
-            found = txn.cursor(db=self._db["mem_entries"]).getmulti(
-                [key + doc.entry_id.encode("utf-8") for doc in selected])
-            records = [value[4:] for _, value in found]
-        return MemoryList(self.token_counter, rank, records, scores if rank == "relevance" else None, used, left_out)
+            # Read one by one, so a walk with no count or token bound reads no more than the
+            # answer's bytes allow.
+            records, _ = page_within_bytes(
+                txn.get(key + doc.entry_id.encode("utf-8"), db=self._db["mem_entries"])[4:] for doc in selected)
+        if len(records) < len(selected):
+            used -= sum(doc.tokens for doc in selected[len(records):])
+            scores = scores[:len(records)]
+        return MemoryList(self.token_counter, rank, records, scores if rank == "relevance" else None, used, left_out,
+                          len(selected) - len(records))
 
     @staticmethod
     def _walk(ranked: Iterator[tuple[_Doc, float | None]], request: ListRequest,
@@ -510,7 +568,7 @@ class Memories:
             by_ordinal = {int.from_bytes(k[len(key):], "big"): v for k, v in docs}
             for ordinal, score in fresh:
                 seen.add(ordinal)
-                if ordinal in by_ordinal:  # else deleted or replaced: its postings linger
+                if ordinal in by_ordinal:  # else gone: its posting waits for its term's next rewrite
                     yield _Doc.unpack(ordinal, by_ordinal[ordinal]), score
             if len(rankings[0]) < top or top >= meta.next_ordinal:
                 return

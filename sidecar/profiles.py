@@ -27,7 +27,8 @@ from sidecar.rendering import (AnthropicStatic, OpenAIStatic, TextSection, Tool,
                                canonical_tools_json, openai_static)
 from sidecar.runs import Run
 from sidecar.untrusted import fence
-from sidecar.validation import check_id, strict_json
+from sidecar.redaction import redact_json_text, refuse_secrets
+from sidecar.validation import check_id, json_field, json_schema_validator
 
 STATIC_PARTS = ("system_prompt", "participants", "agents", "skills_index", "tools")
 MAX_ITEMS = 512  # tools, agents, skills, participants, criteria: each list at most this long
@@ -147,13 +148,24 @@ def _unique(field_name: str, names: list[str]) -> None:
 def tool_parameters(field_name: str, parameters_json: str) -> dict[str, Any]:
     if not parameters_json:
         return {"type": "object", "properties": {}}
-    try:
-        parameters = strict_json(parameters_json)
-    except ValueError:
-        parameters = None
+    parameters = json_field(field_name, parameters_json)
     if not isinstance(parameters, dict):
         raise ValidationError.field(field_name, "must be a JSON schema: a JSON object")
     return parameters
+
+
+def redacted_parameters(field_name: str, parameters_json: str, redact: Redact) -> str:
+    """A tool's parameter schema as stored and fed: redacted (SR-1) like any text, then checked
+    against the metaschema of the draft it declares. The check is of the redacted schema, which
+    is what providers receive (and its error messages can then echo no secret)."""
+    if not parameters_json:
+        return parameters_json
+    text, parameters = redact_json_text(parameters_json, redact, field_name)
+    try:
+        json_schema_validator(parameters)
+    except ValueError as error:
+        raise ValidationError.field(field_name, str(error)) from None
+    return text
 
 
 def check_profile(profile: Profile, limit: int, field_name: str = "profile") -> None:
@@ -195,18 +207,33 @@ def check_skill(skill: LoadedSkill, limit: int, field_name: str = "skill") -> No
     _text(f"{field_name}.body", skill.body, limit)
 
 
-def redacted_profile(profile: Profile, redact: Redact) -> Profile:
+def identifiers(profile: Profile, field_name: str = "profile") -> list[tuple[str, str]]:
+    """The profile's identifiers (field, value): fed as they are, so never redacted (SR-1 refuses
+    one that holds a secret instead)."""
+    return ([(f"{field_name}.agents[{i}].id", a.id) for i, a in enumerate(profile.agents)]
+            + [(f"{field_name}.skills[{i}].name", s.name) for i, s in enumerate(profile.skills)]
+            + [(f"{field_name}.tools[{i}].name", t.name) for i, t in enumerate(profile.tools)])
+
+
+def redacted_profile(profile: Profile, redact: Redact, field_name: str = "profile") -> Profile:
+    """The profile as stored: every text redacted, the tools' parameter schemas too (those are
+    checked here, as redacted; :func:`check_profile` has checked the rest). An identifier that
+    holds a secret is refused."""
+    refuse_secrets(redact, identifiers(profile, field_name))
     return Profile(
         redact(profile.system_prompt),
         tuple(Participant(redact(p.role), redact(p.description)) for p in profile.participants),
         tuple(RemoteAgent(a.id, redact(a.name), redact(a.description), tuple(redact(s) for s in a.skills))
               for a in profile.agents),
         tuple(SkillSummary(s.name, redact(s.description)) for s in profile.skills),
-        tuple(ToolDefinition(t.name, redact(t.description), t.parameters_json) for t in profile.tools),
+        tuple(ToolDefinition(t.name, redact(t.description),
+                             redacted_parameters(f"{field_name}.tools[{i}].parameters_json", t.parameters_json, redact))
+              for i, t in enumerate(profile.tools)),
         profile.model_window_tokens)
 
 
-def redacted_task(task: Task, redact: Redact) -> Task:
+def redacted_task(task: Task, redact: Redact, field_name: str = "task") -> Task:
+    refuse_secrets(redact, [(f"{field_name}.task_id", task.task_id)])
     return Task(task.task_id, redact(task.goal), tuple(redact(c) for c in task.acceptance_criteria), redact(task.plan))
 
 

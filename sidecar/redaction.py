@@ -14,13 +14,15 @@ Three passes, each deterministic, so a prompt cache or a replay sees the same by
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import fastcore
 from sidecar.errors import ValidationError
+from sidecar.validation import json_field
 
 MIN_SECRET_CHARS = 8
 MAX_SECRET_BYTES = 4096
@@ -55,6 +57,9 @@ _LEAKED_BYOK = re.compile(r"\[BYOK:[^\]\n]{0,512}\]")
 class Redacted:
     text: str
     secret_ids: tuple[str, ...]  # registered ids and detector kinds found, first occurrence order
+
+
+_MARKED = re.compile(r"\[REDACTED:([A-Za-z0-9_.:-]{1,64})\]")
 
 
 def marker(secret_id: str) -> str:
@@ -143,7 +148,68 @@ class Redactor:
             text = _LEAKED_BYOK.sub(lambda m: _found(found, "byok"), text)
         return Redacted(text, tuple(dict.fromkeys(found)))
 
+    def redacting(self, tenant: str, run_id: str) -> Callable[[str], str]:
+        """The scope's redaction as a function of text alone (what :func:`redact_json` takes)."""
+        return lambda text: self.redact(tenant, run_id, text).text
+
 
 def _found(found: list[str], kind: str) -> str:
     found.append(kind)
     return marker(kind)
+
+
+def refuse_secrets(redact: Callable[[str], str], identifiers: Sequence[tuple[str, str]]) -> None:
+    """Refuse, naming its field, an identifier (field, value) that holds a secret: an id is fed,
+    matched and answered as it is, so redacting it would rename it. The value is not echoed."""
+    for field, value in identifiers:
+        redacted = redact(value) if value else value
+        if redacted != value:  # named by what was found (secret ids and credential kinds are not secret)
+            found = sorted(set(_MARKED.findall(redacted)) - set(_MARKED.findall(value)))
+            raise ValidationError.field(field, f"holds a secret ({', '.join(found) or 'a leaked redaction form'}); "
+                                        "an identifier is used as it is, so it is refused rather than redacted")
+
+
+def redact_json(value: Any, redact: Callable[[str], str], field: str) -> Any:
+    """A parsed JSON value with every string in it redacted, object keys included: a key is
+    text a provider reads like any other. Two keys of one object that redact to the same
+    marker would silently lose a member, so that is refused, naming ``field``. Recursion is
+    bounded: every JSON value comes from the strict parser, which refuses deep nesting."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, list):
+        return [redact_json(item, redact, field) for item in value]
+    if isinstance(value, dict):
+        redacted: dict[str, Any] = {}
+        for key, item in value.items():
+            new_key = redact(key)
+            if new_key in redacted:
+                raise ValidationError.field(field, "two keys of one object are the same once their secrets are "
+                                            f"redacted ({new_key!r}); rename one")
+            redacted[new_key] = redact_json(item, redact, field)
+        return redacted
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        # A registered secret may be all digits (a card number, a PIN of 8 or more): a number
+        # that holds one becomes its marker, a string. Shorter numbers cannot hold a secret
+        # (values are at least MIN_SECRET_CHARS long) and no detector matches digits alone.
+        digits = json.dumps(value)
+        if len(digits) >= MIN_SECRET_CHARS and (redacted_digits := redact(digits)) != digits:
+            return redacted_digits
+    return value  # booleans, null, and numbers that hold no secret
+
+
+def canonical_json(value: Any) -> str:
+    """The one serialisation of a JSON value the sidecar writes when it changes one: compact,
+    keys sorted, UTF-8 as is."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True, allow_nan=False)
+
+
+def redact_json_text(text: str, redact: Callable[[str], str], field: str) -> tuple[str, Any]:
+    """JSON text as it may be stored and fed, and its value: parsed by the strict parser
+    (a validation_error naming ``field`` if it is not JSON), each string redacted, and written
+    again canonically when that changed anything, else kept byte for byte as the host sent it.
+    Redacting the text as text would not do: JSON may spell a secret with escapes (``\\u0073k-``)
+    that no byte-level match sees but every reader decodes."""
+    value = json_field(field, text)
+    redacted = redact_json(value, redact, field)
+    return (text if redacted == value else canonical_json(redacted)), redacted
+

@@ -23,7 +23,7 @@ from sidecar.policy import Policy
 from sidecar.profiles import (STATIC_PARTS, LoadedSkill, PreparedProfile, PreparedTask, Profile, ProfileCache, Task,
                               check_profile, check_skill, check_task, digest, load_profile, load_task,
                               profile_record, redacted_profile, redacted_task, stored_task, task_record)
-from sidecar.redaction import Redactor
+from sidecar.redaction import Redactor, refuse_secrets
 from sidecar.runs import Run, require_run, run_key, save_run
 from sidecar.settings import ContextSettings
 from sidecar.store import Store
@@ -70,9 +70,6 @@ class RunContexts:
 
     # -- the profile and the task ---------------------------------------------------------------
 
-    def _redact(self, tenant: str, run_id: str) -> Callable[[str], str]:
-        return lambda text: self._redactor.redact(tenant, run_id, text).text
-
     def _counter(self, run: Run, field: str) -> Callable[[str], int]:
         if run.settings.token_counter == HOST_DEFINED:
             raise ValidationError.field(field, "the run counts tokens in host-defined units, in which the sidecar "
@@ -83,7 +80,7 @@ class RunContexts:
                     task: Task | None) -> NewContext:
         """What OpenRun gives a run: the profile and task records (None where not given)."""
         limit = self._defaults.max_event_bytes
-        redact = self._redact(tenant, run_id)
+        redact = self._redactor.redacting(tenant, run_id)
         new = NewContext()
         if profile is not None:
             check_profile(profile, limit)
@@ -120,7 +117,8 @@ class RunContexts:
         check_profile(profile, self._defaults.max_event_bytes)
         with self._store.read() as txn:
             run = require_run(txn, self._db, key, run_id)
-        record = profile_record(redacted_profile(profile, self._redact(tenant, run_id)), self._counter(run, "profile"))
+        record = profile_record(redacted_profile(profile, self._redactor.redacting(tenant, run_id)),
+                                self._counter(run, "profile"))
 
         def write(txn: lmdb.Transaction) -> ProfileUpdate:
             run = require_run(txn, self._db, key, run_id)
@@ -136,13 +134,15 @@ class RunContexts:
 
     def update_task(self, tenant: str, run_id: str, task: Task) -> None:
         check_task(task, self._defaults.max_event_bytes)
-        task = redacted_task(task, self._redact(tenant, run_id))
+        task = redacted_task(task, self._redactor.redacting(tenant, run_id))
         self._rewrite_task(tenant, run_id, "task", lambda _, skills: (task, skills))
 
     def load_skill(self, tenant: str, run_id: str, skill: LoadedSkill) -> bool:
         """Load (or replace) a skill; True when none of that name was loaded."""
         check_skill(skill, self._defaults.max_event_bytes)
-        skill = replace(skill, body=self._redactor.redact(tenant, run_id, skill.body).text)
+        redact = self._redactor.redacting(tenant, run_id)
+        refuse_secrets(redact, [("skill.name", skill.name)])
+        skill = replace(skill, body=redact(skill.body))
         created: list[bool] = []
 
         def change(task: Task, skills: tuple[LoadedSkill, ...]) -> tuple[Task, tuple[LoadedSkill, ...]]:
@@ -185,7 +185,10 @@ class RunContexts:
     def put_state_data(self, tenant: str, run_id: str, subset: str, json_text: str) -> None:
         key = run_key(tenant, run_id)
         agent_state.check_subset(subset)
-        value = agent_state.parse_value(json_text, self._defaults.max_event_bytes)
+        refuse_secrets(self._redactor.redacting(tenant, run_id), [("subset", subset)])
+        # Validated as redacted: the schema checks what is stored, and its messages echo no secret.
+        value = agent_state.parse_value(json_text, self._defaults.max_event_bytes,
+                                        self._redactor.redacting(tenant, run_id))
         if value is not None:
             self.schemas.check(subset, value)
 

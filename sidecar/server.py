@@ -121,6 +121,16 @@ class InFlightCalls:
             return self._idle.wait_for(lambda: not self._count, timeout)
 
 
+def servicer_for(settings: Settings, services: Services) -> ContextSidecarServicer:
+    """The ContextSidecar servicer over ``services``, as every server kind registers it."""
+    return ContextSidecarServicer(services.transcripts, services.memories, services.compactor, services.events,
+                                  services.redactor,
+                                  capability_document(settings.context, settings.memory, settings.memory_compaction,
+                                                      services.transcripts.contexts.policy.describe(),
+                                                      services.transcripts.contexts.schemas.subsets),
+                                  TenantOf(settings.auth.tenants))
+
+
 def build_server(settings: Settings, services: Services,
                  in_flight: InFlightCalls | None = None) -> tuple[grpc.Server, int, health.HealthServicer]:
     """A server bound to ``[server] listen`` (port 0 picks a free port), not yet started."""
@@ -130,14 +140,7 @@ def build_server(settings: Settings, services: Services,
         options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit),
                  # Two sidecars must not silently share a port.
                  ("grpc.so_reuseport", 0)])
-    servicer = ContextSidecarServicer(services.transcripts, services.memories, services.compactor, services.events,
-                                      services.redactor, services.counters,
-                                      capability_document(settings.context, settings.memory,
-                                                          settings.memory_compaction,
-                                                          services.transcripts.contexts.policy.describe(),
-                                                          services.transcripts.contexts.schemas.subsets),
-                                      TenantOf(settings.auth.tenants))
-    add_servicer_to_server(servicer, server, in_flight.track if in_flight else lambda behavior: behavior)
+    add_servicer_to_server(servicer_for(settings, services), server, in_flight.track if in_flight else lambda behavior: behavior)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for name in ("", SERVICE_NAME):

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from typing import Any, Callable, Iterator
 
 import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool, message, message_factory
 
-from sidecar.counting import Counters
 from sidecar.compaction import Compactor
-from sidecar.errors import CompactionDisabled, SidecarError, Unauthenticated
+from sidecar.errors import CompactionDisabled, Unauthenticated
 from sidecar.events import Event, EventLog
 from sidecar.memory import ListRequest, Memories, MemoryList
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
@@ -25,7 +25,7 @@ from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
 from sidecar.records import StoredEvent
 from sidecar.redaction import Redactor
 from sidecar.settings import TenantCredential
-from sidecar.status import answers_errors, to_status
+from sidecar.status import RateLimitedLog, answers_errors, deadline_of, lenient_deserializer
 from sidecar import messages
 from sidecar.transcript import AppendResult, AssembledContext, NewEvent, RunSettings, SummaryRequest, Transcripts
 from sidecar.validation import check_at_least, check_id, page_size
@@ -95,7 +95,8 @@ def _memory_list(listed: MemoryList) -> bytes:
         records = [record + _ScoreAlone(score=score).SerializeToString()
                    for record, score in zip(records, listed.scores)]
     head = pb.ListMemoryResponse(token_counter=listed.token_counter, tokens_used=listed.tokens_used,
-                                 left_out_for_budget=listed.left_out_for_budget, rank=listed.rank)
+                                 left_out_for_budget=listed.left_out_for_budget, rank=listed.rank,
+                                 left_out_for_size=listed.left_out_for_size)
     return head.SerializeToString() + _MemoriesAsBytes(entries=records).SerializeToString()
 
 
@@ -113,7 +114,8 @@ def _assembled(assembled: AssembledContext, appended: list[AppendResult]) -> byt
     head = pb.AssembleContextResponse(
         run_id=window.run_id, iteration=window.iteration, token_counter=window.token_counter,
         token_budget=window.token_budget, token_count=window.token_count, event_ids=window.event_ids,
-        omitted_events=window.omitted_events, appended=_appended(appended),
+        omitted_events=window.omitted_events, summarized_events=window.summarized_events,
+        appended=_appended(appended),
         compaction=pb.Compaction(due=window.compaction.due, candidate_event_ids=window.compaction.candidate_ids,
                                  tokens_before=window.compaction.tokens_before),
         sections=[messages.section_to(s) for s in assembled.sections], prefix_sha256=assembled.prefix_sha256,
@@ -150,7 +152,7 @@ def _notice(event: Event) -> pb.EventNotice:
 
 class ContextSidecarServicer(pb_grpc.ContextSidecarServicer):
     def __init__(self, transcripts: Transcripts, memories: Memories, compactor: Compactor | None, events: EventLog,
-                 redactor: Redactor, counters: Counters, capabilities: dict,
+                 redactor: Redactor, capabilities: dict,
                  tenant_of: Callable[[grpc.ServicerContext], str]) -> None:
         self._transcripts = transcripts
         self._contexts = transcripts.contexts
@@ -158,7 +160,6 @@ class ContextSidecarServicer(pb_grpc.ContextSidecarServicer):
         self._compactor = compactor  # None: compaction is off
         self._events = events
         self._redactor = redactor
-        self._counters = counters
         self._capabilities_json = json.dumps(capabilities, separators=(",", ":"))
         self._tenant = tenant_of
 
@@ -179,7 +180,7 @@ class ContextSidecarServicer(pb_grpc.ContextSidecarServicer):
     @answers_errors
     def AppendEvents(self, request: pb.AppendEventsRequest, context: grpc.ServicerContext) -> pb.AppendEventsResponse:
         results = self._transcripts.append_events(
-            self._tenant(context), request.run_id, [_new_event(e) for e in request.events])
+            self._tenant(context), request.run_id, [_new_event(e) for e in request.events], deadline_of(context))
         return pb.AppendEventsResponse(results=_appended(results))
 
     @answers_errors
@@ -193,7 +194,7 @@ class ContextSidecarServicer(pb_grpc.ContextSidecarServicer):
         assembled, appended = self._transcripts.assemble(
             self._tenant(context), request.run_id, request.iteration,
             [_new_event(e) for e in request.append_events], _optional(request, "max_transcript_tokens"),
-            request.render)
+            request.render, deadline_of(context))
         return _assembled(assembled, appended)
 
     @answers_errors
@@ -211,8 +212,8 @@ class ContextSidecarServicer(pb_grpc.ContextSidecarServicer):
     @answers_errors
     def CountTokens(self, request: pb.CountTokensRequest, context: grpc.ServicerContext) -> pb.CountTokensResponse:
         self._tenant(context)  # every call is authenticated, even one that reads no tenant's data
-        counter = self._counters.get(request.token_counter)
-        return pb.CountTokensResponse(token_counter=counter.name, counts=[counter.count(t) for t in request.texts])
+        name, counts = self._transcripts.count_tokens(request.token_counter, request.texts, deadline_of(context))
+        return pb.CountTokensResponse(token_counter=name, counts=counts)
 
     @answers_errors
     def RecordSummary(self, request: pb.RecordSummaryRequest, context: grpc.ServicerContext) -> pb.RecordSummaryResponse:
@@ -298,24 +299,20 @@ class ContextSidecarServicer(pb_grpc.ContextSidecarServicer):
                          context: grpc.ServicerContext) -> pb.ListMemoryEventsResponse:
         tenant = self._tenant(context)
         check_at_least("since_seq", request.since_seq, 0)
-        events = self._events.list(tenant, request.since_seq, request.memory_ref, page_size("limit", request.limit))
-        return pb.ListMemoryEventsResponse(events=[_notice(e) for e in events])
+        events, more = self._events.list(tenant, request.since_seq, request.memory_ref,
+                                         page_size("limit", request.limit))
+        return pb.ListMemoryEventsResponse(events=[_notice(e) for e in events],
+                                           next_since_seq=events[-1].seq if more else None)
 
+    @answers_errors
     def WatchEvents(self, request: pb.WatchEventsRequest, context: grpc.ServicerContext) -> Iterator[pb.EventNotice]:
-        try:
-            tenant = self._tenant(context)
-        except SidecarError as error:
-            context.abort_with_status(to_status(error))
-        watch = self._events.watch(tenant, request.types)
+        watch = self._events.watch(self._tenant(context), request.types)
         context.add_callback(lambda: self._events.unwatch(watch))  # the caller cancelled or went away
         # Headers now, before any event: a caller that waits for them knows that every event
         # committed from then on reaches it (otherwise it could not tell when the watch began).
         context.send_initial_metadata(())
-        try:
-            for event in watch.events(context.is_active):
-                yield _notice(event)
-        except SidecarError as error:
-            context.abort_with_status(to_status(error))
+        for event in watch.events(context.is_active):
+            yield _notice(event)
 
     @answers_errors
     def UpdateProfile(self, request: pb.UpdateProfileRequest,
@@ -389,14 +386,18 @@ def add_servicer_to_server(servicer: ContextSidecarServicer, server: grpc.Server
     passes through ``wrap``."""
     service = pb.DESCRIPTOR.services_by_name["ContextSidecar"]
     handlers: dict[str, grpc.RpcMethodHandler] = {}
+    bad_requests = RateLimitedLog(logging.getLogger("sidecar.requests"))
     for method in service.methods:
         request_type: Callable[..., Any] = getattr(pb, method.input_type.name)
         behavior = getattr(servicer, method.name)
+        # A request that does not parse reaches the method as Malformed: answered INVALID_ARGUMENT
+        # with one rate-limited log line (grpc's own answer is INTERNAL and a traceback per call).
+        deserializer = lenient_deserializer(request_type, bad_requests)
         if method.server_streaming:
             handlers[method.name] = grpc.unary_stream_rpc_method_handler(
-                wrap(behavior), request_deserializer=request_type.FromString, response_serializer=_serialize)
+                wrap(behavior), request_deserializer=deserializer, response_serializer=_serialize)
         else:
             handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-                wrap(behavior), request_deserializer=request_type.FromString, response_serializer=_serialize)
+                wrap(behavior), request_deserializer=deserializer, response_serializer=_serialize)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
     server.add_registered_method_handlers(service.full_name, handlers)

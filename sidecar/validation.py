@@ -8,11 +8,15 @@ overlapping another's.
 from __future__ import annotations
 
 import json
+import math
 import re
-from typing import Any
+from typing import Any, Callable, Iterable, TypeVar
+
+import jsonschema
 
 from sidecar.errors import ValidationError
 
+T = TypeVar("T")
 MAX_ID_BYTES = 256
 _CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -37,6 +41,12 @@ def check_at_least(field: str, value: int, minimum: int) -> int:
     return value
 
 
+def check_at_most(field: str, value: int, maximum: int, why: str = "") -> int:
+    if value > maximum:
+        raise ValidationError.field(field, f"must be at most {maximum}{f' ({why})' if why else ''}, got {value}")
+    return value
+
+
 DEFAULT_PAGE = 100
 MAX_PAGE = 1000
 
@@ -46,10 +56,121 @@ def page_size(field: str, value: int) -> int:
     return min(check_at_least(field, value, 0) or DEFAULT_PAGE, MAX_PAGE)
 
 
+# Every list answer stays within gRPC's default receive limit (4 MiB), so a client left at its
+# defaults reads every page; a page still holds at least one item, however large.
+MAX_PAGE_BYTES = 4 * 1024 * 1024
+_ITEM_FRAMING_BYTES = 16  # a repeated field's tag and length, with room to spare
+_PAGE_HEAD_BYTES = 64  # the answer's other fields (the cursor, counts)
+
+
+def page_within_bytes(items: Iterable[T], size: Callable[[T], int] = len,  # type: ignore[assignment]
+                      max_bytes: int = MAX_PAGE_BYTES) -> tuple[list[T], bool]:
+    """The leading ``items`` whose encodings (``size`` each, framing added) fit in ``max_bytes``,
+    always at least the first, taken lazily (at most one item past the page is read); and
+    whether any item was left over."""
+    page: list[T] = []
+    total = _PAGE_HEAD_BYTES
+    for item in items:
+        total += size(item) + _ITEM_FRAMING_BYTES
+        if page and total > max_bytes:
+            return page, True
+        page.append(item)
+    return page, False
+
+
+# How deeply JSON input may nest (objects and arrays). Every JSON text a request carries is
+# parsed, redacted, validated and serialised again by code that recurses once (jsonschema: a
+# few frames) per level, under Python's recursion limit of 1000 frames shared with the gRPC
+# stack; 64 levels keep all of that far from the limit, and no tool schema or agent-state
+# document a person writes comes near it (providers' own schema limits are shallower still).
+MAX_JSON_DEPTH = 64
+# A JSON string (its escapes included), and the brackets outside strings.
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_NOT_A_BRACKET = re.compile(r"[^\[\]{}]+")
+_OPEN_CLOSE = str.maketrans("[{]}", "(())")  # only the depth matters, not which bracket
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
 def _no_constant(name: str) -> None:
     raise ValueError(f"{name} is not JSON")
 
 
+def _finite(text: str) -> float:
+    number = float(text)
+    if math.isinf(number):
+        raise ValueError("a number is beyond the range of a double")  # not echoed: its digits may be a secret
+    return number
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object whose keys are unique. Python keeps the last of a repeated key, other readers
+    the first: the text would then say something its parsed value does not (a secret in the
+    member dropped here would go unredacted), so a repeated key is refused. The key is not
+    echoed: it may be the very secret."""
+    value = dict(pairs)
+    if len(value) != len(pairs):
+        raise ValueError("an object names one of its keys twice")
+    return value
+
+
+def too_deep(text: str) -> bool:
+    """Whether ``text`` nests deeper than MAX_JSON_DEPTH, found without recursion (and so before
+    json.loads, whose C parser recurses per level and fails with RecursionError near 1000):
+    outside strings, each pass removes every innermost pair of brackets, so the passes needed
+    are the depth. Each pass is one str.replace, in C: at most 65 of them."""
+    if text.count("[") + text.count("{") <= MAX_JSON_DEPTH:  # cannot nest deeper: most texts end here
+        return False
+    brackets = _NOT_A_BRACKET.sub("", _JSON_STRING.sub("", text)).translate(_OPEN_CLOSE)
+    for _ in range(MAX_JSON_DEPTH):
+        inner = brackets.replace("()", "")
+        if len(inner) == len(brackets):  # nothing left to remove (an unbalanced rest is the parser's to refuse)
+            return False
+        brackets = inner
+    return "()" in brackets
+
+
 def strict_json(text: str) -> Any:
-    """Parse JSON as providers do: Python's json accepts NaN and Infinity, which they reject."""
-    return json.loads(text, parse_constant=_no_constant)
+    """Parse JSON as providers do, or raise ValueError saying why. Python's json accepts what
+    they reject: NaN and Infinity, numbers beyond a double (1e400 parses as infinity, then
+    serialises as Infinity), lone UTF-16 surrogates (which cannot even be stored as UTF-8), and
+    repeated keys. Nesting deeper than MAX_JSON_DEPTH is refused before parsing."""
+    if too_deep(text):
+        raise ValueError(f"it nests more than {MAX_JSON_DEPTH} levels deep; at most {MAX_JSON_DEPTH} are allowed")
+    try:
+        value = json.loads(text, parse_constant=_no_constant, parse_float=_finite, object_pairs_hook=_unique_keys)
+    except RecursionError:  # the scan above should make this unreachable; never let it be INTERNAL
+        raise ValueError(f"it nests more than {MAX_JSON_DEPTH} levels deep") from None
+    if _SURROGATE_ESCAPE.search(text):  # only an escape can spell a surrogate: protobuf strings are UTF-8
+        try:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("it holds a lone UTF-16 surrogate (\\ud800-\\udfff), which is not a character") from None
+    return value
+
+
+def json_schema_validator(schema: Any) -> type[jsonschema.protocols.Validator]:
+    """The validator class of the draft ``schema`` declares in ``$schema`` (draft 2020-12 when
+    it declares none), once the schema is checked against that draft's metaschema; ValueError
+    saying what is wrong otherwise, an unknown ``$schema`` included (checking it against another
+    draft than the one it names would accept or refuse the wrong schemas)."""
+    cls = jsonschema.validators.validator_for(schema, default=None)
+    if cls is None:
+        if isinstance(schema, dict) and "$schema" in schema:
+            raise ValueError(f"its $schema {str(schema['$schema'])[:200]!r} is not a JSON Schema draft the sidecar "
+                             "knows (draft 3, 4, 6, 7, 2019-09 or 2020-12)")
+        cls = jsonschema.Draft202012Validator
+    try:
+        cls.check_schema(schema)
+    except jsonschema.SchemaError as error:
+        where = "/" + "/".join(str(part) for part in error.absolute_path)
+        draft = cls.META_SCHEMA.get("$id", cls.META_SCHEMA.get("id", "")).rstrip("#")
+        raise ValueError(f"is not a valid JSON schema (checked against {draft}): at {where}: {error.message}") from None
+    return cls
+
+
+def json_field(field: str, text: str) -> Any:
+    """A request field's JSON text, parsed strictly, or a validation_error naming the field."""
+    try:
+        return strict_json(text)
+    except ValueError as error:
+        raise ValidationError.field(field, f"is not JSON: {error}") from None

@@ -14,11 +14,15 @@ from typing import Any
 import lmdb
 
 import fastcore
+from sidecar.errors import TokenBudgetExceeded, TranscriptWindowExceeded
 from sidecar.eventlog import CHUNK_EVENTS, log_entries_before, log_entries_in, prefix_end, read_ids, read_records
 from sidecar.records import StoredEvent, decode_event, dump_json
-from sidecar.runs import Deps, Run, save_run
+from sidecar.counting import TokenCounter
+from sidecar.runs import Deps, Run, load_run, save_run
 from sidecar.store import be32
-from sidecar.summaries import Compaction, Summary, in_force, load_summary, read_artifacts
+from sidecar.summaries import (NO_SUMMARY, Compaction, Summary, feedable_tokens, in_force, load_summary,
+                               newest_in_force, read_artifacts)
+from sidecar.untrusted import split_block
 
 MAX_COUNT = 2**31 - 1
 
@@ -58,7 +62,7 @@ class TranscriptWindow:
     token_counter: str
     token_budget: int
     token_count: int
-    omitted_events: int  # events older than the window's first verbatim event, not fed verbatim
+    omitted_events: int  # host events left out: neither fed verbatim nor stood in for by a summary in the window
     event_ids: list[str]
     records: list[bytes]
     clips: dict[int, Clip] = field(default_factory=dict)
@@ -67,6 +71,7 @@ class TranscriptWindow:
     summaries_fed: int = 0  # how many of ``records`` (the first ones) are summaries
     context: dict | None = None  # the rest of the accounting, as persisted (None: before sections)
     window_tokens: int = 0  # everything fed: the transcript's tokens and the sections' and tools'
+    summarized_events: int = 0  # host events that the summaries in the window stand in for
 
     def entries(self) -> list[WindowEntry]:
         entries = []
@@ -116,7 +121,7 @@ def plan(deps: Deps, txn: lmdb.Transaction, key: bytes, run: Run, iteration: int
     end = prefix_end(txn, deps.db, key, run, iteration)
     top = in_force(txn, deps.db, key, run, iteration) if run.summaries else None
     floor = top.to_seq if top else 0
-    prefix = top.stack_tokens if top else ()
+    prefix = feedable_tokens(txn, deps.db, key, top, budget, settings.transcript_window)
     counts = deps.db["counts"]
     last_chunk = (end - 1) // CHUNK_EVENTS if end else 0
     first_chunk = last_chunk
@@ -133,8 +138,95 @@ def plan(deps: Deps, txn: lmdb.Transaction, key: bytes, run: Run, iteration: int
         first_chunk = earlier
         base = first_chunk * CHUNK_EVENTS
     start, mandatory, tokens, cap, prefix_in = chosen
+    if settings.transcript_window:
+        # fastcore never extends the window past the bound, but the active turn and the calls its
+        # results answer are always in: when they alone exceed it, the turn cannot be fed.
+        fed = host_events(txn, deps.db, key, run, start, end) + prefix_in
+        if fed > settings.transcript_window:
+            raise TranscriptWindowExceeded(
+                f"iteration {iteration} needs {fed} events in its window (the active turn, with the tool calls "
+                f"its results answer and what lies between), but the run's transcript_window is "
+                f"{settings.transcript_window}; send the turn in fewer events or open a run with a larger "
+                f"transcript_window", metadata={"events_needed": str(fed),
+                                                "transcript_window": str(settings.transcript_window)})
     return Plan(settings.token_counter, budget, start, end, mandatory, cap, tokens, top.index if top else -1,
                 prefix_in), top
+
+
+def host_events(txn: lmdb.Transaction, db: dict, key: bytes, run: Run, start: int, end: int) -> int:
+    """How many of the host's events lie in ``[start, end)`` (the sidecar's own entries left out)."""
+    return (end - start) - (log_entries_before(txn, db, key, run, end) - log_entries_before(txn, db, key, run, start))
+
+
+def summarized_events(txn: lmdb.Transaction, db: dict, key: bytes, run: Run, top: Summary | None,
+                      prefix_in: int) -> int:
+    """How many host events the newest ``prefix_in`` summaries of ``top``'s stack stand in for.
+
+    The summaries in force cover the log below ``top.to_seq`` end to end, oldest first (each
+    replaces the oldest events not yet summarised, and a stacking one the summaries it folds in),
+    so the newest ``prefix_in`` of them cover from the floor of the one before them."""
+    if top is None or not prefix_in:
+        return 0
+    under = newest_in_force(txn, db, key, top, prefix_in)[0].below  # the summary before them
+    covered_from = load_summary(txn, db, key, under).to_seq if under != NO_SUMMARY else 0
+    return host_events(txn, db, key, run, covered_from, top.to_seq)
+
+
+def _over_budget(budget: int) -> TokenBudgetExceeded:
+    return TokenBudgetExceeded(
+        f"the active turn (with the tool calls its results answer) does not fit the token budget of {budget} "
+        f"even with every event above a common cap clipped to its smallest marked form (the elision marker, "
+        f"and an untrusted block's opening line, preamble and closing line); send the turn in fewer or "
+        f"smaller events or give the run a larger budget", metadata={"token_budget": str(budget)})
+
+
+def fair_cap(sizes: list[int], floors: list[int], budget: int) -> int | None:
+    """The largest common cap C with sum(min(t, max(C, m))) <= budget over the events' counts t
+    and marked minima m: every event is fed whole up to C, one above it is clipped to C but never
+    below its marked minimum (an event no larger than its minimum stays whole). None when even
+    every event at its minimum is over the budget: then no fair clipping with the marker exists."""
+    fixed = sum(t for t, m in zip(sizes, floors) if t <= m)
+    clippable = [(t, m) for t, m in zip(sizes, floors) if t > m]
+
+    def cost(cap: int) -> int:
+        return fixed + sum(t if t < cap else (cap if cap > m else m) for t, m in clippable)
+
+    if cost(0) > budget:
+        return None
+    low, high = 0, max((t for t, _ in clippable), default=0)
+    while low < high:
+        middle = (low + high + 1) // 2
+        if cost(middle) <= budget:
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def clip_mandatory(counter: TokenCounter, events: list[StoredEvent], budget: int) -> dict[int, str]:
+    """The clipped texts (by seq) that make the active turn fit ``budget``: water-filling to a
+    common cap whose clips all carry the marker; an untrusted block keeps its opening line,
+    preamble and closing line, only its content elided. Raises token_budget_exceeded when no
+    such cap exists."""
+    frames = []
+    for event in events:
+        block = split_block(event.content)
+        frames.append(block if block is not None else ("", event.content, ""))
+    sizes = [event.tokens for event in events]
+    floors = [counter.marked_minimum(event.tokens, opening, closing) if event.tokens else 0
+              for event, (opening, _, closing) in zip(events, frames)]
+    cap = fair_cap(sizes, floors, budget)
+    if cap is None:
+        raise _over_budget(budget)
+    clipped = {}
+    for event, (opening, inside, closing), floor in zip(events, frames, floors):
+        target = max(cap, floor)
+        if event.tokens > target:
+            text = counter.clip(inside, target, opening, closing)
+            if not text:  # the marker of the content's own count would not fit where the whole's did
+                raise _over_budget(budget)
+            clipped[event.seq] = text
+    return clipped
 
 
 def persist(deps: Deps, txn: lmdb.Transaction, key: bytes, run: Run, iteration: int, chosen: Plan,
@@ -143,22 +235,24 @@ def persist(deps: Deps, txn: lmdb.Transaction, key: bytes, run: Run, iteration: 
     compaction decision and the rest of the window's accounting (``context``); return the record."""
     db = deps.db
     skip = log_entries_in(txn, db, key, chosen.start, chosen.end)
-    newest = len(top.stack) - chosen.prefix_in if top else 0
-    summaries = list(zip(top.stack[newest:], top.stack_refs[newest:])) if top and chosen.prefix_in else []
+    summaries = [[summary.index, summary.ref] for summary in newest_in_force(txn, db, key, top, chosen.prefix_in)]
+    summarized = summarized_events(txn, db, key, run, top, chosen.prefix_in)
     record: dict[str, Any] = {
         "plan": chosen.identity(), "start": chosen.start, "end": chosen.end, "counter": chosen.token_counter,
         "budget": chosen.budget, "tokens": chosen.tokens, "skip": skip, "clipped": [],
-        "summaries": summaries,
-        "omitted": chosen.start - log_entries_before(txn, db, key, run, chosen.start)}
+        "summaries": summaries, "summarized": summarized,
+        "omitted": host_events(txn, db, key, run, 0, chosen.start) - summarized}
     if chosen.cap >= 0:
-        # Clip the mandatory events above the cap; the counts of the clipped texts, not the
+        # fastcore's cap knows counts only; the cap the events are clipped to also gives every
+        # clip room for its marker (clip_mandatory). The counts of the clipped texts, not the
         # cap, are what the window adds up.
         counter = deps.counters.get(chosen.token_counter)
+        events = [decode_event(raw) for raw in read_records(txn, db, key, chosen.start, chosen.end)]
+        clips = clip_mandatory(counter, [e for e in events if e.seq >= chosen.mandatory], chosen.budget)
         total = 0
-        for raw in read_records(txn, db, key, chosen.start, chosen.end):
-            event = decode_event(raw)
-            if event.seq >= chosen.mandatory and event.tokens > chosen.cap:
-                text = counter.clip(event.content, chosen.cap)
+        for event in events:
+            text = clips.get(event.seq)
+            if text is not None:
                 clipped_tokens = counter.count(text)
                 record["clipped"].append([event.seq, text, clipped_tokens])
                 total += clipped_tokens
@@ -191,9 +285,11 @@ def from_record(deps: Deps, txn: lmdb.Transaction, key: bytes, run_id: str, iter
     refs = [ref for _, ref in record["summaries"]]
     clips = {}
     if record["clipped"]:
-        positions = [seq for seq in range(start, end) if seq not in set(record["skip"])]
+        # Positions by seq in one pass: a turn of many clipped events stays linear.
+        skipped = set(record["skip"])
+        position_of = {seq: position for position, seq in enumerate(s for s in range(start, end) if s not in skipped)}
         for seq, text, tokens in record["clipped"]:
-            position = positions.index(seq)
+            position = position_of[seq]
             clips[len(refs) + position] = Clip(text, tokens, decode_event(records[position]).tokens)
     ranges: tuple[SummarizedRange, ...] = ()
     if with_ranges:
@@ -201,7 +297,14 @@ def from_record(deps: Deps, txn: lmdb.Transaction, key: bytes, run_id: str, iter
                        for s in (load_summary(txn, db, key, index) for index, _ in record["summaries"]))
     due = Compaction(record["compaction"][0], tuple(record["compaction"][1]), record["compaction"][2]) \
         if "compaction" in record else Compaction(False)
+    summarized, omitted = record.get("summarized"), record["omitted"]
+    if summarized is None:
+        # Persisted before the two counts were apart: "omitted" then held every host event
+        # before the window, the summarised ones too.
+        top = load_summary(txn, db, key, record["summaries"][-1][0]) if record["summaries"] else None
+        summarized = summarized_events(txn, db, key, load_run(txn, db, key), top, len(record["summaries"]))
+        omitted -= summarized
     return TranscriptWindow(
-        run_id, iteration, record["counter"], record["budget"], record["tokens"], record["omitted"],
+        run_id, iteration, record["counter"], record["budget"], record["tokens"], omitted,
         refs + ids, read_artifacts(txn, db, key, refs) + records, clips, due, ranges, len(refs),
-        record.get("context"), record.get("window_tokens", record["tokens"]))
+        record.get("context"), record.get("window_tokens", record["tokens"]), summarized)

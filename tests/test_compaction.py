@@ -286,7 +286,7 @@ def test_a_watch_that_falls_behind_gets_its_backlog_then_an_error_naming_where_t
             delivered.append(event)
     assert [e.seq for e in delivered] == [1, 2, 3]
     assert raised.value.metadata == {"last_seq": "3"}
-    assert [e.seq for e in events.list("acme", since=3)] == [4, 5], "what it missed is in the log"
+    assert [e.seq for e in events.list("acme", since=3)[0]] == [4, 5], "what it missed is in the log"
     assert other.queue.empty() and not other.closed, "another tenant's watch heard nothing"
     store.close()
 

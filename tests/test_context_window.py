@@ -226,7 +226,10 @@ def test_the_turn_limit_trims_only_what_the_policy_does_not_keep(start_server) -
     limit = fixed - skills_index // 2
     tight = start_server(token_counter="chars", turn_budget_tokens=limit).stub
     open_full(tight)
-    answer = tight.AssembleContext(pb.AssembleContextRequest(run_id="run", iteration=1, append_events=turn_events(1)))
+    # A turn that fits what the sections leave (~35 chars): a larger one could only be fed
+    # emptied, which the window refuses (token_budget_exceeded).
+    answer = tight.AssembleContext(pb.AssembleContextRequest(run_id="run", iteration=1,
+                                                             append_events=[ev("u1", content="Damaged items?")]))
     names = [s.name for s in answer.sections]
     assert "skills_index" not in names and KEPT <= set(names)
     assert list(answer.prefix_changed) == [] and answer.prefix_sha256 != roomy.prefix_sha256

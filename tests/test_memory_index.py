@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import random
 import re
+import struct
 
 import pytest
 
@@ -87,3 +88,53 @@ def test_a_deep_ranking_is_read_in_batches(store, counters, small_segments) -> N
     assert len(ids) == 500 == len(set(ids))
     # Equal BM25 scores (same length, same tf): the newest first.
     assert ids[:3] == ["e599", "e598", "e597"]
+
+
+def postings_kept(store, key: bytes, term: str) -> tuple[int, int] | None:
+    """(df, postings kept in the df record's open chunk and the sealed segments) of one term, or
+    None when the index has no record of it."""
+    term_key = key + term.encode("utf-8") + b"\0"
+    with store.env.begin() as txn:
+        stored = txn.get(term_key, db=store.db["mem_df"])
+        if stored is None:
+            return None
+        df, _ = struct.unpack_from("<II", stored)
+        kept = (len(stored) - 8) // 8
+        for segment_key, value in txn.cursor(db=store.db["mem_postings"]):
+            if segment_key.startswith(term_key) and len(segment_key) == len(term_key) + 4:
+                kept += len(value) // 8
+    return df, kept
+
+
+def test_dead_postings_are_reclaimed_through_puts_and_deletes(store, counters, small_segments) -> None:
+    """Heavy churn with small segments: every term keeps at most twice the postings of its live
+    entries, a term no live entry holds has no record at all, and the ranking still equals BM25
+    recomputed from scratch (rewrites are followed by more puts that seal chunks again)."""
+    memories = Memories(store, counters, MemorySettings(token_counter="chars"), Redactor(detectors=False))
+    rng = random.Random(7)
+    live: dict[str, tuple[int, str]] = {}
+    key = b"t\0mem:churn\0"
+    for ordinal in range(1500):
+        while live and rng.random() < 0.45:
+            gone = rng.choice(sorted(live))
+            memories.delete("t", "mem:churn", gone)
+            live.pop(gone)
+        entry_id = f"e{rng.randrange(150)}"  # replacements too
+        # "transient" only in the first 500 puts: by the end every entry holding it is gone.
+        vocabulary = WORDS[:6] + ["transient"] if ordinal < 500 else WORDS
+        content = " ".join(rng.choice(vocabulary) for _ in range(rng.randrange(1, 12)))
+        memories.put("t", "mem:churn", content, entry_id=entry_id)
+        live[entry_id] = (ordinal, content)
+    assert postings_kept(store, key, "transient") is None
+    for word in WORDS:
+        holding = sum(word in re.findall(r"\w+", content.lower()) for _, content in live.values())
+        kept = postings_kept(store, key, word)
+        if not holding:
+            assert kept is None, word
+        else:
+            assert kept is not None and kept[0] == holding and kept[1] <= 2 * holding, (word, holding, kept)
+    for query in ("alpha", "refund policy order", "beta gamma delta", "日本 zeta"):
+        expected = bm25_ranking(live, query)
+        listed = memories.list("t", ListRequest("mem:churn", rank="relevance", query=query))
+        assert [MemoryRecord.FromString(record).id for record in listed.records] == [e for e, _ in expected], query
+        assert listed.scores == pytest.approx([score for _, score in expected], rel=1e-9)

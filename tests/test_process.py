@@ -128,7 +128,8 @@ def test_serves_on_a_unix_socket(tmp_path: Path) -> None:
 
 
 def test_sigterm_drains_in_flight_calls_and_exits_zero(tmp_path: Path) -> None:
-    sidecar = Sidecar(tmp_path, "--grace-seconds", "30")
+    # The slow call below carries 24 MB, over the default [context] max_request_bytes (8 MiB).
+    sidecar = Sidecar(tmp_path, "--grace-seconds", "30", "--max-request-bytes", "32MiB")
     statuses: list[int] = []
     watching = threading.Event()
     watch = sidecar.health.Watch(health_pb2.HealthCheckRequest(service="contextsidecar.v1.ContextSidecar"))

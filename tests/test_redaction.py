@@ -1,16 +1,15 @@
-"""Secret redaction (SR-1): registered secrets, built-in detectors, canonical markers, and a
-sweep that plants secrets through every write path and then searches the LMDB file's raw bytes
-and every answer for them."""
+"""Secret redaction (SR-1): registered secrets, built-in detectors, canonical markers, and JSON
+redacted string by string. The sweep over every write path is tests/test_secrets_sweep.py."""
 
 from __future__ import annotations
 
-from pathlib import Path
+import json
 
 import pytest
 
 from sidecar.errors import ValidationError
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
-from sidecar.redaction import Redactor
+from sidecar.redaction import Redactor, redact_json_text
 from tests.test_memory import TOKENS, Tenant
 
 DETECTED = {
@@ -79,56 +78,22 @@ def test_markers_are_deterministic() -> None:
     assert first.redact("t", "", text) == second.redact("t", "", text)
 
 
-def test_no_plaintext_secret_reaches_the_store_or_any_answer(start_server, tmp_path: Path, caplog) -> None:
-    sidecar = start_server(tenants=TOKENS, summarization=True, keep_last_turns=1, transcript_token_budget=5000)
-    acme = Tenant(sidecar.channel, TOKENS["acme"])
-    tenant_wide, in_run = "tenant-wide-secret-0001", "run-only-secret-0002"
-    acme.RegisterSecrets(pb.RegisterSecretsRequest(secrets=[pb.Secret(secret_id="tw", value=tenant_wide)]))
-    answer = acme.RegisterSecrets(pb.RegisterSecretsRequest(run_id="r", secrets=[pb.Secret(secret_id="rs", value=in_run)]))
-    plaintexts = [tenant_wide, in_run, *DETECTED.values()]
-    leak = " | ".join(plaintexts)
-    # Memory is the tenant's: a run's secret does not apply there, so it is not planted there.
-    leak_in_memory = " | ".join(p for p in plaintexts if p != in_run)
-    answers: list[bytes] = [answer.SerializeToString()]
-
-    def keep(response) -> None:
-        answers.append(response.SerializeToString())
-
-    # Every write path: AppendEvents, AssembleContext's append_events, RecordSummary, PutMemory.
-    keep(acme.AppendEvents(pb.AppendEventsRequest(run_id="r", events=[
-        pb.Event(event_id="e1", iteration=1, role="user", content="first " + leak)])))
-    keep(acme.AssembleContext(pb.AssembleContextRequest(run_id="r", iteration=1, append_events=[
-        pb.Event(event_id="e2", role="tool", content="second " + leak)])))
-    keep(acme.AssembleContext(pb.AssembleContextRequest(run_id="r", iteration=2, append_events=[
-        pb.Event(event_id="e3", role="user", content="third")])))
-    recorded = acme.RecordSummary(pb.RecordSummaryRequest(run_id="r", iteration=3, replaced_event_ids=["e1", "e2"],
-                                                         summary_text="summary that leaks " + leak))
-    keep(recorded)
-    put = acme.PutMemory(pb.PutMemoryRequest(memory_ref="mem:a", content="memory " + leak_in_memory, entry_id="m"))
-    keep(put)
-    assert set(put.redacted_secret_ids) == {"tw", *DETECTED}
-    # Every read path.
-    keep(acme.AssembleContext(pb.AssembleContextRequest(run_id="r", iteration=3)))
-    keep(acme.GetTranscriptWindow(pb.GetTranscriptWindowRequest(run_id="r", iteration=3)))
-    keep(acme.ListRunEvents(pb.ListRunEventsRequest(run_id="r")))
-    keep(acme.GetArtifact(pb.GetArtifactRequest(run_id="r", artifact_id=recorded.summary_ref)))
-    keep(acme.GetMemory(pb.GetMemoryRequest(memory_ref="mem:a", entry_id="m")))
-    keep(acme.ListMemory(pb.ListMemoryRequest(memory_ref="mem:a")))
-    keep(acme.ListMemory(pb.ListMemoryRequest(memory_ref="mem:a", rank="relevance", query="memory")))
-
-    events = acme.ListRunEvents(pb.ListRunEventsRequest(run_id="r")).events
-    assert "[REDACTED:tw]" in events[0].content and "[REDACTED:rs]" in events[0].content
-    assert "[REDACTED:jwt]" in events[1].content
-    summary_text = acme.GetArtifact(pb.GetArtifactRequest(run_id="r", artifact_id=recorded.summary_ref)).content
-    assert "[REDACTED:rs]" in summary_text and "[REDACTED:private_key]" in summary_text
-    assert "[REDACTED:tw]" in acme.GetMemory(pb.GetMemoryRequest(memory_ref="mem:a", entry_id="m")).content
-    stored = (Path(sidecar.services.store.env.path()) / "data.mdb").read_bytes()
-    assert b"[REDACTED:tw]" in stored  # the file is readable as it is: what was stored is there
-    for plaintext in plaintexts:
-        needle = plaintext.encode("utf-8")
-        assert needle not in stored, f"{plaintext[:12]}... is in the LMDB file"
-        assert all(needle not in answer_bytes for answer_bytes in answers), f"{plaintext[:12]}... was answered"
-        assert plaintext not in caplog.text
+def test_json_is_redacted_string_by_string_and_stays_json() -> None:
+    redactor = Redactor()
+    redactor.register("t", "", [("pin", "4111111111111111"), ("pw", "hunter2-password")])
+    redact = redactor.redacting("t", "")
+    text = ('{"b": "hunter2-password", "a": [4111111111111111, 12, true, null], '
+            '"' + DETECTED["openai_api_key"] + '": {"x": "h\\u0075nter2-password"}}')
+    redacted, value = redact_json_text(text, redact, "json")
+    assert value == {"b": "[REDACTED:pw]", "a": ["[REDACTED:pin]", 12, True, None],
+                     "[REDACTED:openai_api_key]": {"x": "[REDACTED:pw]"}}
+    assert redacted == json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+    untouched = '{ "b" : "nothing secret",  "a": [1, 2.5e3] }'
+    assert redact_json_text(untouched, redact, "json")[0] == untouched  # byte for byte when nothing is redacted
+    with pytest.raises(ValidationError) as raised:
+        redact_json_text('{"hunter2-password": 1, "[REDACTED:pw]": 2}', redact, "profile.tools[0].parameters_json")
+    assert raised.value.violations[0].field == "profile.tools[0].parameters_json"
+    assert "hunter2" not in raised.value.message
 
 
 def test_redacted_memory_is_searchable_by_its_marker(start_server) -> None:

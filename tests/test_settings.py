@@ -131,3 +131,29 @@ def test_loopback_and_unix_sockets_are_accepted(listen: str) -> None:
 def test_missing_config_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="nowhere.toml"):
         load_settings(str(tmp_path / "nowhere.toml"), env={})
+
+
+def test_request_caps_come_from_file_environment_and_flags(tmp_path: Path) -> None:
+    defaults = load_settings(env={}).context
+    assert (defaults.max_request_events, defaults.max_request_bytes) == (10_000, 8 << 20)
+    config = write(tmp_path, '[context]\nmax_request_events = 500\nmax_request_bytes = "4MiB"\n')
+    from_file = load_settings(config, env={}).context
+    assert (from_file.max_request_events, from_file.max_request_bytes) == (500, 4 << 20)
+    from_env = load_settings(config, env={"CONTEXT_SIDECAR_CONTEXT_MAX_REQUEST_BYTES": "2MiB"}).context
+    assert from_env.max_request_bytes == 2 << 20
+    from_flag = load_settings(config, env={}, overrides={("context", "max_request_events"): "7"}).context
+    assert from_flag.max_request_events == 7
+
+
+@pytest.mark.parametrize("values, expected", [
+    ({"CONTEXT_SIDECAR_CONTEXT_MAX_REQUEST_EVENTS": "0"}, "max_request_events .*must be at least 1"),
+    ({"CONTEXT_SIDECAR_CONTEXT_MAX_REQUEST_BYTES": "1MiB", "CONTEXT_SIDECAR_CONTEXT_MAX_EVENT_BYTES": "2MiB"},
+     "max_event_bytes .* exceeds \\[context\\] max_request_bytes"),
+    # 60 MiB of content and 10,000 events of ids cannot arrive under a 64 MiB message limit.
+    ({"CONTEXT_SIDECAR_CONTEXT_MAX_REQUEST_BYTES": "60MiB"}, "could not be received"),
+    ({"CONTEXT_SIDECAR_CONTEXT_MAX_REQUEST_BYTES": "4MiB", "CONTEXT_SIDECAR_SERVER_MAX_MESSAGE_BYTES": "4MiB"},
+     "max_message_bytes"),
+])
+def test_request_caps_that_cannot_hold_are_refused_at_start(values: dict[str, str], expected: str) -> None:
+    with pytest.raises(ConfigError, match=expected):
+        load_settings(env=values)

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from sidecar.errors import Conflict, ValidationError
+from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.transcript import NewEvent, SummaryRequest
 from sidecar.untrusted import fence
 from tests.conftest import TENANT, assemble
@@ -178,3 +179,100 @@ def test_the_built_in_summariser_keeps_a_long_run_in_budget(make_transcripts, co
     assert summaries[0].text.startswith("Summary of ")
     assert transcripts.get_artifact(TENANT, "run", summaries[0].event.event_id).content == summaries[0].text
     assert any(e.type == "context.summarized" for e in transcripts.list_events(TENANT, "run", 0, 1000)[0])
+
+
+# The log's per-chunk arrays (``counts``, ``id_chunks``): every entry appended rewrites its chunk's,
+# whatever it is, and a chunk holds at most CHUNK_EVENTS entries, so their size follows the entry's
+# place in its chunk, never how many summaries came before.
+LOG_CHUNKS = ("counts", "id_chunks")
+
+
+def store_records(store) -> dict[tuple[str, bytes], bytes]:
+    with store.read() as txn:
+        return {(name, key): value for name, handle in store.db.items() if name not in LOG_CHUNKS
+                for key, value in txn.cursor(db=handle)}
+
+
+def test_the_records_a_summary_writes_do_not_grow_with_the_summaries_before_it(start_server) -> None:
+    """200 sliding-window summaries in force: what the 200th RecordSummary wrote (every record it
+    added or changed, recounted by reading the whole store before and after it) is no larger than
+    what the 10th wrote, give or take the digits of the longer index."""
+    sidecar = start_server(token_counter="chars", transcript_token_budget=100_000, keep_last_turns=1,
+                           summarization=True)
+    stub = sidecar.stub
+    stub.AppendEvents(pb.AppendEventsRequest(run_id="long", events=[
+        pb.Event(event_id=f"e{i}", iteration=1, role="user", content=f"Question {i:04d} about the order.")
+        for i in range(210)]))
+    stub.AssembleContext(pb.AssembleContextRequest(run_id="long", iteration=1))
+    written = {}
+    for index in range(200):
+        before = store_records(sidecar.services.store) if index + 1 in (10, 200) else None
+        recorded = stub.RecordSummary(pb.RecordSummaryRequest(
+            run_id="long", iteration=index + 2, replaced_event_ids=[f"e{index}"],
+            summary_text=f"Summary {index:04d}: the customer asked about an order."))
+        assert recorded.created
+        if before is not None:
+            after = store_records(sidecar.services.store)
+            changed = {at: value for at, value in after.items() if before.get(at) != value}
+            assert ("artifacts", b"default\0long\0" + recorded.summary_ref.encode()) in changed
+            written[index + 1] = sum(len(key) + len(value) for (_, key), value in changed.items())
+    assert written[200] <= written[10] * 1.2, written
+    # Every summary is still in force and fed, oldest first, after the last one's.
+    window = stub.AssembleContext(pb.AssembleContextRequest(run_id="long", iteration=202))
+    fed = [e.text for e in window.entries if e.type == "context.summary"]
+    assert fed == [f"Summary {index:04d}: the customer asked about an order." for index in range(200)]
+    assert list(window.event_ids[200:]) == [f"e{i}" for i in range(200, 210)]
+
+
+def test_a_run_recorded_with_the_first_summary_layout_reads_back_the_same(start_server) -> None:
+    """Two identical runs; one's summary records are rewritten as the first layout wrote them (a
+    JSON object holding the whole stack in force). Both then feed the same windows, show the same
+    running summary, and take a new summary on top of the old records alike."""
+    sidecar = start_server(token_counter="chars", transcript_token_budget=100_000, keep_last_turns=1,
+                           summarization=True)
+    stub = sidecar.stub
+    texts = [f"Summary {index}: what was said." for index in range(6)]
+    refs: dict[str, list[str]] = {}
+    for run_id in ("current", "first-layout"):
+        stub.AppendEvents(pb.AppendEventsRequest(run_id=run_id, events=[
+            pb.Event(event_id=f"e{i}", iteration=1, role="user", content=f"Question {i}.") for i in range(20)]))
+        stub.AssembleContext(pb.AssembleContextRequest(run_id=run_id, iteration=1))
+        refs[run_id] = [stub.RecordSummary(pb.RecordSummaryRequest(
+            run_id=run_id, iteration=index + 2, replaced_event_ids=[f"e{index}"], summary_text=texts[index])).summary_ref
+            for index in range(5)]
+        refs[run_id].append(stub.RecordSummary(pb.RecordSummaryRequest(
+            run_id=run_id, iteration=7, strategy="recursive", replaced_event_ids=[refs[run_id][4], "e5"],
+            summary_text=texts[5])).summary_ref)
+    # The stacks in force once each was recorded: 0; 0 1; ... 0 1 2 3 4; then 5 replaces 4.
+    stacks = [list(range(index + 1)) for index in range(5)] + [[0, 1, 2, 3, 5]]
+    store = sidecar.services.store
+    key = b"default\0first-layout\0"
+
+    def first_layout(txn) -> None:
+        for index, stack in enumerate(stacks):
+            stored = txn.get(key + index.to_bytes(4, "big"), db=store.db["summaries"])
+            fields = json.loads(stored[stored.index(b"{"):])
+            del fields["below"], fields["depth"]
+            fields.update(stack=stack, stack_tokens=[len(texts[i]) for i in stack],
+                          stack_refs=[refs["first-layout"][i] for i in stack])
+            txn.put(key + index.to_bytes(4, "big"), json.dumps(fields).encode(), db=store.db["summaries"])
+
+    store.write(first_layout)
+    with store.read() as txn:
+        assert txn.get(key + (5).to_bytes(4, "big"), db=store.db["summaries"]).startswith(b"{")
+
+    def fed(run_id: str, iteration: int) -> list[tuple[str, str]]:
+        answer = stub.AssembleContext(pb.AssembleContextRequest(run_id=run_id, iteration=iteration))
+        return [(e.event_id, e.text) for e in answer.entries]
+
+    assert fed("first-layout", 8) == fed("current", 8)
+    assert fed("first-layout", 8)[:5] == [(refs["first-layout"][i], texts[i]) for i in (0, 1, 2, 3, 5)]
+    state = {run_id: [s.text for s in stub.GetState(pb.GetStateRequest(run_id=run_id)).running_summary]
+             for run_id in refs}
+    assert state["first-layout"] == state["current"] == [texts[i] for i in (0, 1, 2, 3, 5)]
+    for run_id in refs:  # a recursive summary folding the newest two, recorded over the old records
+        stub.RecordSummary(pb.RecordSummaryRequest(
+            run_id=run_id, iteration=9, strategy="recursive", replaced_event_ids=[refs[run_id][3], refs[run_id][5], "e6"],
+            summary_text="Summary 6: folded."))
+    assert fed("first-layout", 9) == fed("current", 9)
+    assert [text for _, text in fed("first-layout", 9)[:4]] == [texts[0], texts[1], texts[2], "Summary 6: folded."]

@@ -187,7 +187,12 @@ async function checkWindow(client, rec, resp, iteration) {
       role: event.role, type: event.type, call_id: event.call_id, text: event.content,
       tokens: codePoints(event.content), clipped_from_tokens: 0, tool_name: '' }, `${where}: ${entry.event_id} verbatim`);
   }
-  assert.equal(resp.omitted_events, first.host, `${where}: omitted_events == host events before the window`);
+  // The host events before the window are either stood in for by a summary in it or left out.
+  // The fed summaries are the newest k in force; they cover from the floor of the one before them.
+  const coveredFrom = stack.length > k ? stack[stack.length - k - 1].toHost : 0;
+  const summarised = k > 0 ? floor - coveredFrom : 0;
+  assert.equal(resp.summarized_events, summarised, `${where}: summarized_events == events the fed summaries replaced`);
+  assert.equal(resp.omitted_events, first.host - summarised, `${where}: omitted_events == host events left out`);
   for (const event of prefix.filter((e) => e.iteration === iteration)) {
     assert.ok(event.host >= first.host, `${where}: active-turn event ${event.event_id} is in the window`);
   }

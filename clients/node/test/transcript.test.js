@@ -339,15 +339,17 @@ describe('context sidecar over gRPC (Node.js client)', () => {
   it('holds a window to max_transcript_tokens, which only tightens the budget', async () => {
     const runId = 'node-tight-run';
     const events = [1, 2, 3, 4].map((k) => ({ event_id: `tight-${k}`, role: k % 2 ? 'user' : 'assistant',
-      content: randomText(30) }));
+      content: randomText(100) }));
+    // 400 code points under 200: each event is clipped to a cap of 50, room for the elision marker.
     const tight = await client.assembleContext({ run_id: runId, iteration: 1, append_events: events,
-      max_transcript_tokens: 50 });
-    assert.equal(tight.token_budget, 50);
-    assert.ok(tight.token_count <= 50);
+      max_transcript_tokens: 200 });
+    assert.equal(tight.token_budget, 200);
+    assert.ok(tight.token_count <= 200);
     assert.equal(tight.token_count, tight.entries.reduce((s, e) => s + codePoints(e.text), 0));
+    for (const entry of tight.entries) assert.match(entry.text, /chars elided/, `${entry.event_id} carries the marker`);
     const loose = await client.assembleContext({ run_id: runId, iteration: 1, max_transcript_tokens: 5000 });
     assert.equal(loose.token_budget, BUDGET);
-    assert.equal(loose.token_count, 120);
+    assert.equal(loose.token_count, 400);
     assert.equal(loose.omitted_events, 0);
   });
 

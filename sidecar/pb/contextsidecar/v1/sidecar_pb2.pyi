@@ -186,7 +186,7 @@ class WindowEntry(_message.Message):
     def __init__(self, event_id: _Optional[str] = ..., seq: _Optional[int] = ..., iteration: _Optional[int] = ..., role: _Optional[str] = ..., type: _Optional[str] = ..., call_id: _Optional[str] = ..., text: _Optional[str] = ..., tokens: _Optional[int] = ..., clipped_from_tokens: _Optional[int] = ..., tool_name: _Optional[str] = ...) -> None: ...
 
 class AssembleContextResponse(_message.Message):
-    __slots__ = ("run_id", "iteration", "token_counter", "token_budget", "token_count", "entries", "event_ids", "omitted_events", "appended", "compaction", "sections", "prefix_sha256", "prefix_changed", "window_tokens", "tools_tokens", "turn_limit_tokens", "task_id", "rendered")
+    __slots__ = ("run_id", "iteration", "token_counter", "token_budget", "token_count", "entries", "event_ids", "omitted_events", "appended", "compaction", "sections", "prefix_sha256", "prefix_changed", "window_tokens", "tools_tokens", "turn_limit_tokens", "task_id", "rendered", "summarized_events")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     ITERATION_FIELD_NUMBER: _ClassVar[int]
     TOKEN_COUNTER_FIELD_NUMBER: _ClassVar[int]
@@ -205,6 +205,7 @@ class AssembleContextResponse(_message.Message):
     TURN_LIMIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     RENDERED_FIELD_NUMBER: _ClassVar[int]
+    SUMMARIZED_EVENTS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     iteration: int
     token_counter: str
@@ -223,7 +224,8 @@ class AssembleContextResponse(_message.Message):
     turn_limit_tokens: int
     task_id: str
     rendered: str
-    def __init__(self, run_id: _Optional[str] = ..., iteration: _Optional[int] = ..., token_counter: _Optional[str] = ..., token_budget: _Optional[int] = ..., token_count: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[WindowEntry, _Mapping]]] = ..., event_ids: _Optional[_Iterable[str]] = ..., omitted_events: _Optional[int] = ..., appended: _Optional[_Iterable[_Union[AppendResult, _Mapping]]] = ..., compaction: _Optional[_Union[Compaction, _Mapping]] = ..., sections: _Optional[_Iterable[_Union[Section, _Mapping]]] = ..., prefix_sha256: _Optional[str] = ..., prefix_changed: _Optional[_Iterable[str]] = ..., window_tokens: _Optional[int] = ..., tools_tokens: _Optional[int] = ..., turn_limit_tokens: _Optional[int] = ..., task_id: _Optional[str] = ..., rendered: _Optional[str] = ...) -> None: ...
+    summarized_events: int
+    def __init__(self, run_id: _Optional[str] = ..., iteration: _Optional[int] = ..., token_counter: _Optional[str] = ..., token_budget: _Optional[int] = ..., token_count: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[WindowEntry, _Mapping]]] = ..., event_ids: _Optional[_Iterable[str]] = ..., omitted_events: _Optional[int] = ..., appended: _Optional[_Iterable[_Union[AppendResult, _Mapping]]] = ..., compaction: _Optional[_Union[Compaction, _Mapping]] = ..., sections: _Optional[_Iterable[_Union[Section, _Mapping]]] = ..., prefix_sha256: _Optional[str] = ..., prefix_changed: _Optional[_Iterable[str]] = ..., window_tokens: _Optional[int] = ..., tools_tokens: _Optional[int] = ..., turn_limit_tokens: _Optional[int] = ..., task_id: _Optional[str] = ..., rendered: _Optional[str] = ..., summarized_events: _Optional[int] = ...) -> None: ...
 
 class Section(_message.Message):
     __slots__ = ("name", "stability", "never_compact", "text", "tokens", "event_ids")
@@ -504,18 +506,20 @@ class ListMemoryRequest(_message.Message):
     def __init__(self, memory_ref: _Optional[str] = ..., limit: _Optional[int] = ..., tag: _Optional[str] = ..., token_budget: _Optional[int] = ..., rank: _Optional[str] = ..., query: _Optional[str] = ..., query_embedding: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class ListMemoryResponse(_message.Message):
-    __slots__ = ("entries", "token_counter", "tokens_used", "left_out_for_budget", "rank")
+    __slots__ = ("entries", "token_counter", "tokens_used", "left_out_for_budget", "rank", "left_out_for_size")
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     TOKEN_COUNTER_FIELD_NUMBER: _ClassVar[int]
     TOKENS_USED_FIELD_NUMBER: _ClassVar[int]
     LEFT_OUT_FOR_BUDGET_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
+    LEFT_OUT_FOR_SIZE_FIELD_NUMBER: _ClassVar[int]
     entries: _containers.RepeatedCompositeFieldContainer[MemoryEntry]
     token_counter: str
     tokens_used: int
     left_out_for_budget: int
     rank: str
-    def __init__(self, entries: _Optional[_Iterable[_Union[MemoryEntry, _Mapping]]] = ..., token_counter: _Optional[str] = ..., tokens_used: _Optional[int] = ..., left_out_for_budget: _Optional[int] = ..., rank: _Optional[str] = ...) -> None: ...
+    left_out_for_size: int
+    def __init__(self, entries: _Optional[_Iterable[_Union[MemoryEntry, _Mapping]]] = ..., token_counter: _Optional[str] = ..., tokens_used: _Optional[int] = ..., left_out_for_budget: _Optional[int] = ..., rank: _Optional[str] = ..., left_out_for_size: _Optional[int] = ...) -> None: ...
 
 class Secret(_message.Message):
     __slots__ = ("secret_id", "value")
@@ -590,10 +594,12 @@ class ListMemoryEventsRequest(_message.Message):
     def __init__(self, memory_ref: _Optional[str] = ..., since_seq: _Optional[int] = ..., limit: _Optional[int] = ...) -> None: ...
 
 class ListMemoryEventsResponse(_message.Message):
-    __slots__ = ("events",)
+    __slots__ = ("events", "next_since_seq")
     EVENTS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_SINCE_SEQ_FIELD_NUMBER: _ClassVar[int]
     events: _containers.RepeatedCompositeFieldContainer[EventNotice]
-    def __init__(self, events: _Optional[_Iterable[_Union[EventNotice, _Mapping]]] = ...) -> None: ...
+    next_since_seq: int
+    def __init__(self, events: _Optional[_Iterable[_Union[EventNotice, _Mapping]]] = ..., next_since_seq: _Optional[int] = ...) -> None: ...
 
 class WatchEventsRequest(_message.Message):
     __slots__ = ("types",)
