@@ -2,7 +2,7 @@
 # One entry point for a fresh machine with python3 (>= 3.11), gcc and node (>= 20):
 #   ./dev.sh serve [flags]   set up, then run the sidecar (127.0.0.1:50051, LMDB in ./data)
 #   ./dev.sh test            set up, then run every test: Python, then the Node.js client's
-#   ./dev.sh bench [args]    set up, then run the per-turn benchmark (python -m benchmarks.turn_latency)
+#   ./dev.sh bench [name] [args]  set up, then run benchmarks/<name>.py (default turn_latency)
 #   ./dev.sh setup           only set up: .venv with the package installed (fastcore compiled)
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -16,7 +16,8 @@ setup_python() {
     python3 -m venv "$VENV"
   fi
   # Editable install: compiles fastcore/_fastcore.pyx with Cython in place.
-  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[test]"
+  # Extras: test by default; the benchmarks also install bench (matplotlib, for their plots).
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[${1:-test}]"
 }
 
 setup_node() {
@@ -39,8 +40,10 @@ case "$command" in
     # The Node.js test starts its own sidecar with the python on PATH: the venv's.
     (cd clients/node && PATH="$PWD/../../$VENV/bin:$PATH" npm test) ;;
   bench)
-    setup_python
-    exec "$VENV/bin/python" -m benchmarks.turn_latency "$@" ;;
+    setup_python test,bench
+    benchmark=turn_latency
+    if [ $# -gt 0 ] && [ -f "benchmarks/$1.py" ]; then benchmark=$1; shift; fi
+    exec "$VENV/bin/python" -m "benchmarks.$benchmark" "$@" ;;
   *)
     sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2 ;;

@@ -1,6 +1,6 @@
 """Compiled hot paths of the sidecar (Cython), each module with a readable pure-Python twin:
 
-- ``_fastcore`` (twin ``_reference``): transcript window selection, compaction cut, code points;
+- ``_fastcore`` (twin ``_reference``): transcript window selection (max-fill and cache-stable), compaction cut, code points;
 - ``_search`` (twin ``_search_reference``): BM25 and cosine top-k for memory search;
 - ``_matcher`` (twin ``_matcher_reference``): the multi-pattern matcher behind secret redaction.
 
@@ -9,8 +9,8 @@ Python, because the sidecar's latency figures are only true of the compiled code
 """
 
 try:
-    from fastcore._fastcore import (NOT_A_UNIT, RECORD_SIZE, compaction_cut, count_code_points, select_window,
-                                    splits_group)
+    from fastcore._fastcore import (NOT_A_UNIT, RECORD_SIZE, compaction_cut, count_code_points,
+                                    select_stable_window, select_window, splits_group)
     from fastcore._matcher import MultiMatcher
     from fastcore._search import bm25_top, cosine_top
 except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
@@ -20,4 +20,4 @@ except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
     ) from exc
 
 __all__ = ["NOT_A_UNIT", "RECORD_SIZE", "MultiMatcher", "bm25_top", "compaction_cut", "cosine_top",
-           "count_code_points", "select_window", "splits_group"]
+           "count_code_points", "select_stable_window", "select_window", "splits_group"]

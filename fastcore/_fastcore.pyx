@@ -173,8 +173,8 @@ def select_window(const unsigned char[::1] records not None, int64_t base_seq, i
 
 
 def compaction_cut(const unsigned char[::1] records not None, int64_t base_seq, int64_t floor_seq,
-                   int64_t protect_from, int64_t max_tokens):
-    """The oldest half of what may be summarised. See ``_reference.compaction_cut``."""
+                   int64_t protect_from, int64_t max_tokens, bint whole=False):
+    """The oldest half (``whole``: all) of what may be summarised. See ``_reference.compaction_cut``."""
     if base_seq > floor_seq:
         raise ValueError("records must start at or before floor_seq")
     cdef Py_ssize_t n = records.shape[0] // _RECORD_SIZE
@@ -196,7 +196,9 @@ def compaction_cut(const unsigned char[::1] records not None, int64_t base_seq, 
     if suffix_min == NULL:
         raise MemoryError()
     with nogil:
-        target = _capped_sum(p, floor, protect, 0xFFFFFFFF) // 2
+        target = _capped_sum(p, floor, protect, 0xFFFFFFFF)
+        if not whole:
+            target //= 2
         if target > max_tokens:
             target = max_tokens
         best = floor
@@ -229,3 +231,77 @@ def splits_group(const unsigned char[::1] records not None, int64_t base_seq, in
                 found = base_seq + j
                 break
     return found
+
+
+def select_stable_window(const unsigned char[::1] records not None, int64_t base_seq, int64_t active_iteration,
+                         int64_t budget, int64_t max_events, int64_t floor_seq=0, prefix_tokens=(),
+                         int64_t previous_start=-1, int64_t previous_prefix_in=0, double trim_fraction=0.6):
+    """The cache-stable window: the previous start kept while everything fits, else one step
+    forward to ``trim_fraction`` of the bounds. See ``_reference.select_stable_window``."""
+    chosen = select_window(records, base_seq, active_iteration, budget, max_events, floor_seq, prefix_tokens)
+    if chosen is None:
+        return None
+    cdef int64_t mandatory_seq = chosen[1]
+    if chosen[3] >= 0:
+        return chosen  # the active turn alone is over the budget: clipped, nothing else in
+    cdef Py_ssize_t n = records.shape[0] // _RECORD_SIZE
+    cdef const unsigned char* p = &records[0] if records.shape[0] > 0 else NULL
+    cdef Py_ssize_t floor = floor_seq - base_seq if floor_seq > base_seq else 0
+    cdef Py_ssize_t mandatory = mandatory_seq - base_seq
+    cdef Py_ssize_t start = previous_start - base_seq, j
+    cdef list prefix = list(prefix_tokens)
+    cdef Py_ssize_t m = len(prefix), summaries = 0, k
+    cdef int64_t fed_tokens = 0, fed_units = 0, trim_tokens, trim_events, mandatory_tokens
+    cdef int64_t* suffix_min
+
+    if previous_start > floor_seq:
+        if start < 1 and base_seq > floor_seq:
+            return None  # whether log entries precede the start lies before these records
+        while start > floor and _u32(p + (start - 1) * _RECORD_SIZE + 8) == _NOT_A_UNIT:
+            start -= 1  # log entries weigh nothing: the same window starts before them
+        if start == 0 and base_seq > floor_seq:
+            return None
+    if previous_start <= floor_seq or start <= floor:
+        if base_seq > floor_seq:
+            return None
+        start = floor
+        if previous_start < floor_seq:
+            summaries = m
+        else:
+            summaries = previous_prefix_in if previous_prefix_in < m else m
+    if start > mandatory:
+        start = mandatory
+        summaries = 0
+    suffix_min = _suffix_min(p, n, base_seq, floor_seq)
+    if suffix_min == NULL:
+        raise MemoryError()
+    with nogil:
+        # Never split a group: move the start newer (mandatory at the latest keeps groups whole).
+        while suffix_min[start] < base_seq + start:
+            start += 1
+            summaries = 0
+        free(suffix_min)
+        if start > floor:
+            summaries = 0
+        fed_tokens = _capped_sum(p, start, n, 0xFFFFFFFF)
+        for j in range(start, n):
+            fed_units += _u32(p + j * _RECORD_SIZE + 8) != _NOT_A_UNIT
+    for k in range(m - summaries, m):
+        fed_tokens += prefix[k]
+    fed_units += summaries
+    if fed_tokens <= budget and (max_events <= 0 or fed_units <= max_events):
+        while start < mandatory and _u32(p + start * _RECORD_SIZE + 8) == _NOT_A_UNIT:
+            start += 1
+        return (base_seq + start, mandatory_seq, fed_tokens, -1, summaries)
+
+    # Over a bound: one step forward, to the oldest position within the trimmed bounds.
+    trim_tokens = <int64_t>(trim_fraction * budget)
+    trim_events = 0
+    if max_events > 0:
+        trim_events = <int64_t>(trim_fraction * max_events)
+        if trim_events < 1:
+            trim_events = 1
+    mandatory_tokens = _capped_sum(p, mandatory, n, 0xFFFFFFFF)
+    if mandatory_tokens > trim_tokens:
+        return (mandatory_seq, mandatory_seq, mandatory_tokens, -1, 0)
+    return select_window(records, base_seq, active_iteration, trim_tokens, trim_events, floor_seq, prefix_tokens)

@@ -161,13 +161,14 @@ def select_window(
 
 
 def compaction_cut(records: bytes, base_seq: int, floor_seq: int, protect_from: int,
-                   max_tokens: int) -> tuple[int, int, int]:
-    """The oldest half of what may be summarised: ``(cut, tokens, unsummarised)`` such that the
+                   max_tokens: int, whole: bool = False) -> tuple[int, int, int]:
+    """The oldest half of what may be summarised (``whole``: all of it, one big step that breaks
+    a cached prefix once): ``(cut, tokens, unsummarised)`` such that the
     units of ``[floor_seq, cut)`` are the candidates, ``tokens`` their sum, and
     ``unsummarised`` the tokens of everything from ``floor_seq`` to the end of ``records``.
 
     The summarisable units are those of ``[floor_seq, protect_from)``; the target is half their
-    tokens, at most ``max_tokens``. The cut is the largest that keeps every group whole (over
+    tokens (``whole``: all of them), at most ``max_tokens``. The cut is the largest that keeps every group whole (over
     the whole log tail that ``records`` holds, which must start at or before ``floor_seq``)
     with the candidates' tokens within the target; if even the first whole group is over the
     target, it alone (so that compaction always progresses). ``(floor_seq, 0)`` when nothing
@@ -185,7 +186,7 @@ def compaction_cut(records: bytes, base_seq: int, floor_seq: int, protect_from: 
     suffix_min[n] = end
     for j in range(n - 1, -1, -1):
         suffix_min[j] = min(suffix_min[j + 1], group_first[j])
-    target = min(sum(tokens[floor:protect]) // 2, max_tokens)
+    target = min(sum(tokens[floor:protect]) // (1 if whole else 2), max_tokens)
     best, first_whole, total = floor, None, 0
     for cut in range(floor + 1, protect + 1):
         total += tokens[cut - 1]
@@ -210,3 +211,79 @@ def splits_group(records: bytes, base_seq: int, floor_seq: int, cut: int) -> int
         if seq >= cut and g != NOT_A_UNIT and max(g, floor_seq) < cut:
             return seq
     return -1
+
+
+def select_stable_window(
+    records: bytes, base_seq: int, active_iteration: int, budget: int, max_events: int,
+    floor_seq: int = 0, prefix_tokens: Sequence[int] = (), previous_start: int = -1,
+    previous_prefix_in: int = 0, trim_fraction: float = 0.6,
+) -> tuple[int, int, int, int, int] | None:
+    """The cache-stable window: the previous window's start, kept while everything fits.
+
+    A provider's prompt cache bills the repeated prefix of a request at a tenth of the price, so
+    a window whose first entry moves every turn misses the cache on its whole history. This one
+    keeps the start ``(previous_start, previous_prefix_in)`` of the previous window of the run
+    (``previous_prefix_in`` summaries before the event at ``previous_start``) as long as the
+    window from it fits ``budget`` and ``max_events``; when it does not, the start moves forward
+    in one step to the oldest position whose window holds at most ``int(trim_fraction *
+    budget)`` tokens and ``int(trim_fraction * max_events)`` entries (at least 1; 0: no bound),
+    which is :func:`select_window`'s choice under those tighter bounds, or to the active turn
+    when that alone is over them. Every other rule is :func:`select_window`'s: the active turn
+    and its groups are in (clipped as it says when over ``budget``), a cut never splits a group
+    (it moves newer), summaries come in only with every event from ``floor_seq`` on.
+
+    Positions run oldest first: the summaries in force (``prefix_tokens``), newest ``k`` of them
+    before the event at ``floor_seq``, then the events. A previous start below ``floor_seq`` (a
+    summary recorded since replaced it, or ``-1``: no window before) means the oldest position,
+    every summary of ``prefix_tokens``; log entries just before the start weigh nothing and do
+    not move it. Same answer as :func:`select_window`; None when the records do not reach back
+    to the previous start (the caller supplies more history).
+    """
+    chosen = select_window(records, base_seq, active_iteration, budget, max_events, floor_seq, prefix_tokens)
+    if chosen is None:
+        return None
+    _, mandatory_seq, _, cap, _ = chosen
+    if cap >= 0:
+        return chosen  # the active turn alone is over the budget: clipped, nothing else in
+    tokens, _, group_first = _unpack(records)
+    n = len(tokens)
+    is_unit = [g != NOT_A_UNIT for g in group_first]
+    group_first = [max(g, floor_seq) if unit else base_seq + j for j, (g, unit) in enumerate(zip(group_first, is_unit))]
+    floor = max(floor_seq - base_seq, 0)
+    mandatory = mandatory_seq - base_seq
+
+    # The previous start, as a position: (relative event index, summaries before it).
+    start, summaries = previous_start - base_seq, 0
+    if previous_start > floor_seq:
+        if start < 1 and base_seq > floor_seq:
+            return None  # whether log entries precede the start lies before these records
+        while start > floor and not is_unit[start - 1]:
+            start -= 1  # log entries weigh nothing: the same window starts before them
+        if start == 0 and base_seq > floor_seq:
+            return None
+    if previous_start <= floor_seq or start <= floor:
+        if base_seq > floor_seq:
+            return None
+        start = floor
+        summaries = len(prefix_tokens) if previous_start < floor_seq else min(previous_prefix_in, len(prefix_tokens))
+    if start > mandatory:
+        start, summaries = mandatory, 0
+    # Never split a group: move the start newer (to mandatory at the latest, which keeps groups whole).
+    while any(group_first[j] < base_seq + start for j in range(start, n) if is_unit[j]):
+        start, summaries = start + 1, 0
+    if start > floor:
+        summaries = 0
+    fed_tokens = sum(tokens[start:]) + sum(prefix_tokens[len(prefix_tokens) - summaries:])
+    fed_units = sum(is_unit[start:]) + summaries
+    if fed_tokens <= budget and (max_events <= 0 or fed_units <= max_events):
+        while start < mandatory and not is_unit[start]:
+            start += 1
+        return base_seq + start, mandatory_seq, fed_tokens, -1, summaries
+
+    # Over a bound: one step forward, to the oldest position within the trimmed bounds.
+    trim_tokens = int(trim_fraction * budget)
+    trim_events = max(int(trim_fraction * max_events), 1) if max_events > 0 else 0
+    mandatory_tokens = sum(tokens[mandatory:])
+    if mandatory_tokens > trim_tokens:
+        return mandatory_seq, mandatory_seq, mandatory_tokens, -1, 0
+    return select_window(records, base_seq, active_iteration, trim_tokens, trim_events, floor_seq, prefix_tokens)

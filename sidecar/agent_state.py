@@ -116,8 +116,13 @@ class Usage:
     cached_tokens: int
     output_tokens: int
     fed_tokens: int  # what the sidecar counted it fed that iteration
-    drift_tokens: int  # input_tokens - fed_tokens
+    drift_tokens: int  # the prompt's tokens (Anthropic: with the cache's) - fed_tokens
     recorded_ms: int
+    # Defaults: usage recorded before the cache figures existed reads back with none.
+    cache_read_input_tokens: int = 0
+    cache_creation_input_tokens: int = 0
+    predicted_cached_tokens: int = 0  # the iteration's cache report's stable_prefix_tokens
+    reported_cached_tokens: int = 0  # cached_tokens (OpenAI) or cache_read_input_tokens (Anthropic)
 
     @classmethod
     def parse(cls, data: bytes) -> Usage:
@@ -125,19 +130,33 @@ class Usage:
 
 
 def record_usage(txn: lmdb.Transaction, db: dict, key: bytes, run_id: str, iteration: int, input_tokens: int,
-                 cached_tokens: int, output_tokens: int, now_ms: int) -> Usage:
+                 cached_tokens: int, output_tokens: int, now_ms: int, cache_read_input_tokens: int = 0,
+                 cache_creation_input_tokens: int = 0) -> Usage:
     for name, value in (("input_tokens", input_tokens), ("cached_tokens", cached_tokens),
-                        ("output_tokens", output_tokens)):
+                        ("output_tokens", output_tokens), ("cache_read_input_tokens", cache_read_input_tokens),
+                        ("cache_creation_input_tokens", cache_creation_input_tokens)):
         if not 0 <= value <= MAX_COUNT:
             raise ValidationError.field(name, f"must be between 0 and {MAX_COUNT}")
     if cached_tokens > input_tokens:
         raise ValidationError.field("cached_tokens", f"is {cached_tokens}, more than input_tokens ({input_tokens})")
+    anthropic = bool(cache_read_input_tokens or cache_creation_input_tokens)
+    if anthropic and cached_tokens:
+        # Two providers' figures for one call: one of them is misread, and the prompt's size with them.
+        raise ValidationError.field("cached_tokens", "must be 0 with cache_read_input_tokens or "
+                                    "cache_creation_input_tokens (OpenAI's figure and Anthropic's, for one call)")
+    prompt_tokens = input_tokens + cache_read_input_tokens + cache_creation_input_tokens  # Anthropic's add up
+    if prompt_tokens > MAX_COUNT:
+        raise ValidationError.field("input_tokens", f"with the cache's tokens is {prompt_tokens}, more than {MAX_COUNT}")
     window = txn.get(key + be32(iteration), db=db["windows"])
     if window is None:
         raise NotFound(f"iteration {iteration} of run {run_id!r} was never assembled")
     record = load_json(window)
     fed = record.get("window_tokens", record["tokens"])
-    usage = Usage(iteration, input_tokens, cached_tokens, output_tokens, fed, input_tokens - fed, now_ms)
+    cache = (record.get("context") or {}).get("cache")
+    predicted = cache["report"][0] if cache else 0
+    usage = Usage(iteration, input_tokens, cached_tokens, output_tokens, fed, prompt_tokens - fed, now_ms,
+                  cache_read_input_tokens, cache_creation_input_tokens, predicted,
+                  cache_read_input_tokens if anthropic else cached_tokens)
     txn.put(key + be32(iteration), dump_json({name: getattr(usage, name) for name in usage.__slots__}),
             db=db["usage"])
     return usage

@@ -21,8 +21,9 @@ from sidecar.errors import TokenBudgetExceeded, ValidationError
 from sidecar.policy import KeepInput, Policy, SectionTokens
 from sidecar.profiles import STATIC_PARTS, CountedSection, PreparedProfile, PreparedTask, prefix, statics
 from sidecar.records import StoredEvent, decode_event
-from sidecar.rendering import (AnthropicStatic, HistoryItem, OpenAIStatic, TextSection, anthropic_messages,
-                               openai_responses, quote)
+from sidecar.rendering import (AnthropicStatic, HistoryItem, OpenAIStatic, Part, TextSection, anthropic_messages,
+                               anthropic_parts, digest, is_blank, item_key, openai_parts, openai_responses, quote,
+                               task_part, task_part_names)
 from sidecar.window import TranscriptWindow
 
 RENDERINGS = ("openai_responses", "anthropic_messages")
@@ -159,9 +160,10 @@ class HistoryCache:
             clipped = position in window.clips
             item = None if clipped else found.get((run, event_id))
             if item is None:
-                event, text, _ = entry_at(window, position)
+                event, text, tokens = entry_at(window, position)
                 item = HistoryItem(event.event_id, event.role, event.type, text, event.call_id, event.tool_name,
-                                   quote(text))
+                                   quote(text), item_key(event.role, event.type, text, event.call_id, event.tool_name),
+                                   tokens)
                 if not clipped:
                     with self._lock:
                         found[(run, event_id)] = item
@@ -171,9 +173,110 @@ class HistoryCache:
         return history
 
 
-def render(kind: str, plan: Layout, window: TranscriptWindow, history: list[HistoryItem]) -> str:
-    """The provider request body for the window (JSON); ``history`` is its entries as items."""
+def render(kind: str, plan: Layout, history: list[HistoryItem], cache: dict, prompt_cache_retention: str = "") -> str:
+    """The provider request body for the window (JSON); ``history`` is its entries as items,
+    ``cache`` the request's cache state (:func:`cache_state`: where Anthropic's rolling
+    breakpoints go)."""
     task_sections = [TextSection(s.name, s.stability, s.text) for s in plan.sections if s.stability != "static"]
     if kind == "openai_responses":
-        return openai_responses(plan.openai, task_sections, history, plan.task_id)
-    return anthropic_messages(plan.anthropic, task_sections, history)
+        return openai_responses(plan.openai, task_sections, history, plan.task_id, prompt_cache_retention)
+    start = cache["history_from"]
+    return anthropic_messages(plan.anthropic, task_sections, history, [p - start for p in cache["rolling"]])
+
+
+# What the provider's prompt cache will do ---------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class CacheReport:
+    """The part of this request that repeats the previous assembly's, byte for byte."""
+
+    stable_prefix_tokens: int  # the tokens of parts[:break_at]
+    break_at: int  # the first part that is not the previous request's part at the same index
+    break_reason: str  # why it differs ("" when the previous request is all repeated); see the proto
+
+
+def request_parts(form: str, plan: Layout, history: list[HistoryItem]) -> tuple[list[Part], int]:
+    """The request as parts (see sidecar.rendering), and the index of its first history part:
+    the static prefix (the static sections and the tools; for OpenAI also the prompt cache key,
+    which routes the request to a cache), each per-task section, then the history: the window's
+    entries for the plain form (""), the body's items for a rendering."""
+    static_tokens = sum(s.tokens for s in plan.sections if s.stability == "static") + plan.profile.tools_tokens
+    routed = "\x00" + plan.task_id if form == "openai_responses" else ""
+    parts: list[Part] = [("P" + plan.prefix_sha256 + routed, static_tokens)]
+    parts += [task_part(s.name, s.text, s.tokens) for s in plan.sections
+              if s.stability != "static" and not (form and is_blank(s.text))]
+    start = len(parts)
+    if form == "openai_responses":
+        parts += openai_parts(history)
+    elif form == "anthropic_messages":
+        parts += anthropic_parts(history)
+    else:
+        parts += [(item.key, item.tokens) for item in history]
+    return parts, start
+
+
+def cache_state(form: str, plan: Layout, window: TranscriptWindow, history: list[HistoryItem],
+                changed: tuple[str, ...], previous: dict | None) -> dict:
+    """This request's cache state, to persist with its window (what the next turn compares
+    with: each part's key and tokens, Anthropic's breakpoints), and its report against
+    ``previous`` (the previous assembly's state; None: there is none)."""
+    parts, start = request_parts(form, plan, history)
+    keys = [key for key, _ in parts]
+    tokens = [count for _, count in parts]
+    fed = window.summaries_fed
+    first = window.event_ids[fed] if len(window.event_ids) > fed else ""
+    altered = sum(1 for position in window.clips if history[position].role == "tool")
+    at = 0
+    if previous is not None and previous["form"] == form:
+        before = previous["keys"]
+        limit = min(len(keys), len(before))
+        while at < limit and keys[at] == before[at]:
+            at += 1
+    rolling: list[int] = []
+    if form == "anthropic_messages":
+        # A read breakpoint sits exactly where the previous request wrote one (its last block,
+        # or the one before it when that block changed), so the read never depends on the
+        # provider's 20-block lookback; none when no such block is still identical (a write
+        # there would only cost 1.25x). The write breakpoint goes on the last block.
+        reads = [p for p in (previous["rolling"] if at else ()) if start <= p < at]
+        rolling = sorted({max(reads), len(keys) - 1} if reads else {len(keys) - 1})
+    reason = _break_reason(form, previous, keys, at, changed, first, altered)
+    return {"form": form, "keys": keys, "tokens": tokens, "history_from": start, "rolling": rolling,
+            "first": first, "altered": altered, "report": [sum(tokens[:at]), at, reason]}
+
+
+def cache_report(state: dict) -> CacheReport:
+    return CacheReport(*state["report"])
+
+
+def _kind(key: str) -> str:
+    """A part's kind: "P" prefix, "T" per-task section, "S" summary, else another history part
+    (an Anthropic block opening a message has "<" and its role's letter in front)."""
+    return key[2:3] if key[:1] == "<" else key[:1]
+
+
+def _break_reason(form: str, previous: dict | None, keys: list[str], at: int, changed: tuple[str, ...],
+                  first: str, altered: int) -> str:
+    if previous is None:
+        return "first_turn"
+    if previous["form"] != form:
+        return "render_changed"
+    before = previous["keys"]
+    if at == len(before):
+        return ""  # all of the previous request is repeated; what follows is new
+    if at == 0:
+        return "profile:" + changed[0] if changed else "task_changed"  # OpenAI: the cache key (task id)
+    mine = _kind(keys[at]) if at < len(keys) else ""
+    if mine == "T" or _kind(before[at]) == "T":
+        now, then = task_part_names(keys), task_part_names(before)
+        if {n: k for n, k in now.items() if not n.startswith("skill:")} != \
+                {n: k for n, k in then.items() if not n.startswith("skill:")}:
+            return "task_changed"
+        return "skill_unloaded" if set(then) - set(now) else "skill_loaded"
+    if mine == "S":
+        return "summary_recorded"
+    if first != previous["first"]:
+        return "window_start_moved"
+    if altered > previous.get("altered", 0):
+        return "tool_results_cleared"
+    return "history_changed"

@@ -5,6 +5,8 @@ seq space. Every entry is kept as its record (``events``), its id (``event_ids``
 per-chunk id lists) and a packed count record (``counts``) that fastcore walks; the sidecar's
 entries are marked ``NOT_A_UNIT`` there, so they weigh nothing in a window, and indexed by seq
 (``log_entries``, valued with how many came before), so finding them never scans the log.
+An event's count record holds what it weighs when fed: its own count, until the sidecar feeds it
+in a shorter form from some turn on (``clearing``), then that form's.
 """
 
 from __future__ import annotations
@@ -76,11 +78,7 @@ class LogWriter:
             txn.put(key + be32(entry.iteration), be32(seq), db=db["iterations"])
         txn.put(key + be32(seq), encode_event(entry), db=db["events"])
         txn.put(key + entry.event_id.encode("utf-8"), encode_id_index(seq, host_token_count), db=db["event_ids"])
-        chunk = seq // CHUNK_EVENTS
-        if chunk not in self._counts:
-            self._counts[chunk] = bytearray(txn.get(key + be32(chunk), b"", db=db["counts"]))
-            ids = txn.get(key + be32(chunk), db=db["id_chunks"])
-            self._ids[chunk] = ids.decode("utf-8").split(ID_SEPARATOR) if ids else []
+        chunk = self._chunk(seq)
         self._counts[chunk] += pack_count(entry.tokens, entry.iteration, group_first)
         self._ids[chunk].append(entry.event_id)
         if group_first == fastcore.NOT_A_UNIT:
@@ -88,6 +86,24 @@ class LogWriter:
             run.log_entries += 1
         run.next_seq = seq + 1
         run.last_iteration = entry.iteration
+
+    def recount(self, seq: int, tokens: int) -> None:
+        """Make entry ``seq`` weigh ``tokens`` in every window chosen from now on: the count of the
+        form it is fed in from now on (a cleared tool result's placeholder, a clipped result's
+        clipped text), so that fastcore's selection sees what is fed."""
+        chunk = self._chunk(seq)
+        at = (seq - chunk * CHUNK_EVENTS) * fastcore.RECORD_SIZE
+        self._counts[chunk][at:at + 4] = tokens.to_bytes(4, "little")
+
+    def _chunk(self, seq: int) -> int:
+        """The chunk holding ``seq``, read into memory once per writer."""
+        chunk = seq // CHUNK_EVENTS
+        if chunk not in self._counts:
+            key, db = self.key, self.db
+            self._counts[chunk] = bytearray(self.txn.get(key + be32(chunk), b"", db=db["counts"]))
+            ids = self.txn.get(key + be32(chunk), db=db["id_chunks"])
+            self._ids[chunk] = ids.decode("utf-8").split(ID_SEPARATOR) if ids else []
+        return chunk
 
     def flush(self) -> None:
         for chunk, records in self._counts.items():

@@ -24,7 +24,9 @@ import lmdb
 
 from sidecar.errors import Conflict, NotFound, SummaryUnavailable, ValidationError
 import fastcore
-from sidecar.eventlog import CHUNK_EVENTS, LogWriter, NewEvent, host_event_ids, read_ids, read_records
+from sidecar import clearing
+from sidecar.eventlog import (CHUNK_EVENTS, LogWriter, NewEvent, host_event_ids, log_entries_before, read_ids,
+                              read_records)
 from sidecar.records import ID_SEPARATOR, StoredEvent, decode_event
 from sidecar.runs import Deps, ForkOrigin, Run, load_run, require_run, save_run
 from sidecar.store import be32, records_under, sweep
@@ -69,9 +71,8 @@ def fork_run(deps: Deps, txn: lmdb.Transaction, source_key: bytes, source_run_id
     for summary in carried:
         txn.put(fork_key + be32(summary.index), summary.record(), db=db["summaries"])
         txn.put(fork_key + summary.ref.encode("utf-8"), artifacts[summary.ref], db=db["artifacts"])
-        record = txn.get(source_key + be32(summary.index), db=db["compaction_records"])
-        if record is not None:
-            txn.put(fork_key + be32(summary.index), record, db=db["compaction_records"])
+    # A compaction record per log entry carried (summaries, clearings), and the forms those fed.
+    _copy_keyed(txn, db["compaction_records"], source_key, fork_key, lambda _, value: json.loads(value)["seq"] < from_seq)
     # What the run feeds besides its log: the fork starts from the source's, as it stands.
     for name in ("profiles", "tasks"):
         value = txn.get(source_key, db=db[name])
@@ -100,10 +101,11 @@ def fork_run(deps: Deps, txn: lmdb.Transaction, source_key: bytes, source_run_id
     copied = _copy_keyed(txn, db["windows"], source_key, fork_key, carried_iteration)
     _copy_keyed(txn, db["usage"], source_key, fork_key, carried_iteration)
     last_assembled = max((int.from_bytes(suffix, "big") for suffix in copied), default=0)
+    clearing.fork_forms(txn, db, source_key, fork_key, from_seq, last_assembled)
     last_iteration = decode_event(txn.get(source_key + be32(from_seq - 1), db=db["events"])).iteration \
         if from_seq else 0
     fork = Run(source.settings, from_seq, last_iteration, last_assembled, len(carried), len(pending), origin,
-               log_entries=len(carried), profile_digest=source.profile_digest, task_digest=source.task_digest,
+               log_entries=log_entries_before(txn, db, source_key, source, from_seq), profile_digest=source.profile_digest, task_digest=source.task_digest,
                fed_prefix=source.fed_prefix)
     save_run(txn, db, fork_key, fork)
     return fork, True

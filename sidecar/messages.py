@@ -6,7 +6,7 @@ from __future__ import annotations
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from sidecar.agent_state import Usage
-from sidecar.context_window import Section
+from sidecar.context_window import CacheReport, Section
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.profiles import (LoadedSkill, Participant, Profile, RemoteAgent, SkillSummary, Task, ToolDefinition)
 from sidecar.records import StoredEvent
@@ -59,7 +59,15 @@ def timestamp(ms: int) -> Timestamp:
 def usage_to(usage: Usage) -> pb.Usage:
     return pb.Usage(iteration=usage.iteration, input_tokens=usage.input_tokens, cached_tokens=usage.cached_tokens,
                     output_tokens=usage.output_tokens, fed_tokens=usage.fed_tokens, drift_tokens=usage.drift_tokens,
-                    recorded_at=timestamp(usage.recorded_ms))
+                    recorded_at=timestamp(usage.recorded_ms), cache_read_input_tokens=usage.cache_read_input_tokens,
+                    cache_creation_input_tokens=usage.cache_creation_input_tokens,
+                    predicted_cached_tokens=usage.predicted_cached_tokens,
+                    reported_cached_tokens=usage.reported_cached_tokens)
+
+
+def cache_report_to(report: CacheReport) -> pb.CacheReport:
+    return pb.CacheReport(stable_prefix_tokens=report.stable_prefix_tokens, break_at=report.break_at,
+                          break_reason=report.break_reason)
 
 
 def compaction_record_to(record: dict) -> pb.CompactionRecord:
@@ -67,7 +75,7 @@ def compaction_record_to(record: dict) -> pb.CompactionRecord:
         index=record["index"], task_id=record["task_id"], iteration=record["iteration"],
         removed_event_ids=record["removed"], summary_ref=record["summary_ref"], tokens_before=record["tokens_before"],
         tokens_after=record["tokens_after"], recorded_at=timestamp(record["recorded_ms"]),
-        summarised_by=record["by"], seq=record["seq"])
+        summarised_by=record["by"], seq=record["seq"], kind=record.get("kind", "summary"))
 
 
 def stored_event_to(event: StoredEvent) -> pb.StoredEvent:

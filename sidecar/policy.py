@@ -4,7 +4,10 @@ built-in default and replaceable by a plugin.
 - ``compaction.trigger``: is compaction due this turn? Built-in: the whole window passes
   ``[context] compaction_fraction`` of the turn limit (the smaller of the model's window and
   ``[context] turn_budget_tokens``), or the transcript no summary replaced yet passes that
-  fraction of the transcript budget (RFC 0111's rule, which holds for runs without a profile).
+  fraction of the transcript budget (RFC 0111's rule, which holds for runs without a profile),
+  counting, once a summary is in force, only what came after it: a summary is asked for again
+  when a trigger's worth of new transcript has come, not on every turn that the turns it had to
+  keep verbatim still hold.
 - ``compaction.keep``: which sections are never compacted. Built-in: the system prompt, the
   participants, the agents roster, the task (goal and acceptance criteria), the plan and every
   loaded skill's body. Only sections outside it are ever trimmed to fit the turn limit.
@@ -58,6 +61,9 @@ class TriggerInput:
     unsummarised_tokens: int  # the run's transcript that no summary replaced yet
     transcript_budget: int
     fraction: float  # [context] compaction_fraction
+    # Of unsummarised_tokens, what was appended after the summary in force was recorded (None:
+    # no summary is in force, all of it is new).
+    since_summary_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,8 +112,9 @@ class HookCall(Generic[In, Out]):
 
 
 def default_trigger(given: TriggerInput) -> bool:
+    new = given.unsummarised_tokens if given.since_summary_tokens is None else given.since_summary_tokens
     return (given.window_tokens > given.fraction * given.turn_limit_tokens
-            or given.unsummarised_tokens > given.fraction * given.transcript_budget)
+            or new > given.fraction * given.transcript_budget)
 
 
 def default_keep(given: KeepInput) -> frozenset[str]:

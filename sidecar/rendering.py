@@ -18,6 +18,15 @@ A tool result anywhere else, or whose call is not in the history, is fed as plai
 Messages whose text is blank are dropped (Anthropic rejects blank text blocks; they carry
 nothing); tool calls and tool results never are.
 
+Prompt caches hit on the longest identical prefix, so a request is also seen as a list of
+*parts*, the units a provider caches by: the static prefix, each per-task section, then each
+history item of the body (an OpenAI input item; an Anthropic content block). :func:`openai_parts`
+and :func:`anthropic_parts` list a history's parts in body order, each with a key that is equal
+exactly when the part's bytes are (and for Anthropic, when it opens the same kind of message)
+and the tokens the sidecar counted for the texts it carries (fixed placeholders count 0).
+Anthropic's ``cache_control`` breakpoints go on the last static block, the last per-task block,
+and the history blocks the caller names (``rolling``, indices into the history's parts).
+
 Pure: no I/O, standard library only.
 """
 
@@ -28,7 +37,7 @@ import json
 import re
 from dataclasses import dataclass
 from json.encoder import encode_basestring  # the C encoder: json.dumps(s, ensure_ascii=False) for a str
-from typing import Sequence
+from typing import Collection, Sequence
 
 # Fed in place of what is missing, fixed so the same history always renders the same bytes.
 NO_RESULT = "(no result was recorded for this call)"
@@ -63,6 +72,26 @@ class HistoryItem:
     # The text as a JSON string, when the caller has it already (it caches them per event: a
     # turn's window is mostly the previous turn's, and quoting is most of a rendering's cost).
     quoted: str = ""
+    key: str = ""  # item_key() of what is fed: equal keys, byte-identical renderings (cached per event too)
+    tokens: int = 0  # the text's count in the run's counter
+
+
+# A part of a request: (key, tokens). Equal keys at the same index: identical bytes there.
+Part = tuple[str, int]
+SUMMARY_TYPE = "context.summary"
+CACHE_CONTROL = '"cache_control":{"type":"ephemeral"}'
+
+
+def digest(*texts: str) -> str:
+    """A 64-bit digest of ``texts`` (as separate fields), hex: keys that persist across processes."""
+    return hashlib.blake2b("\x00".join(texts).encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
+
+
+def item_key(role: str, type: str, text: str, call_id: str, tool_name: str) -> str:
+    """What decides an item's bytes in either rendering (its event id is never rendered), and
+    whether it is a summary (a break there is a summary recorded). The text is hashed once per
+    event by the caller's cache."""
+    return ("S" if type == SUMMARY_TYPE else "M") + digest(role, call_id, tool_name, text)
 
 
 def quote(text: str) -> str:
@@ -147,7 +176,7 @@ def anthropic_static(static_sections: Sequence[TextSection], tools: Sequence[Too
     blocks = [_TEXT_BLOCK + encode_basestring(text) + "}" for text in texts]
     if blocks:
         # One breakpoint, after the last static block, caches tools and static system together.
-        blocks[-1] = blocks[-1][:-1] + ',"cache_control":{"type":"ephemeral"}}'
+        blocks[-1] = blocks[-1][:-1] + _CACHED_END
     return AnthropicStatic('{"tools":[' + ",".join(rendered) + '],"system":[' + ",".join(blocks), bool(blocks))
 
 
@@ -214,10 +243,10 @@ _OPENAI_DEVELOPER = '{"type":"message","role":"developer","content":'
 
 
 def openai_responses(static: OpenAIStatic, task_sections: Sequence[TextSection], history: Sequence[HistoryItem],
-                     prompt_cache_key: str) -> str:
+                     prompt_cache_key: str, prompt_cache_retention: str = "") -> str:
     """A Responses API request body: ``instructions`` (the static sections), ``input`` (the
     per-task sections as developer messages, then the history), ``tools``,
-    ``prompt_cache_key`` and ``store: false``."""
+    ``prompt_cache_key``, ``prompt_cache_retention`` when given, and ``store: false``."""
     # One flat list of pieces and one join at the end: the body is built in a single copy.
     q = encode_basestring
     out = [static.head]
@@ -252,13 +281,80 @@ def openai_responses(static: OpenAIStatic, task_sections: Sequence[TextSection],
                 add("[" + ",".join('{"type":"input_text","text":' + quoted(part) + "}" for part in parts) + "]"
                     if parts else '""')
             add("}")
-    out += (static.tail, q(prompt_cache_key), ',"store":false}')
+    out += (static.tail, q(prompt_cache_key))
+    if prompt_cache_retention:
+        out += (',"prompt_cache_retention":', q(prompt_cache_retention))
+    add(',"store":false}')
     return "".join(out)
+
+
+def task_part(name: str, text: str, tokens: int) -> Part:
+    """A per-task section as a part: its name is in the key (a break there names it)."""
+    return "T" + name + "\x00" + digest(text), tokens
+
+
+def task_part_names(keys: Sequence[str]) -> dict[str, str]:
+    """The per-task parts among ``keys``: each section's name and key."""
+    return {key[1:key.index("\x00")]: key for key in keys if key[:1] == "T"}
+
+
+def is_blank(text: str) -> bool:
+    """A text the renderings drop (blank)."""
+    return _blank(text)
+
+
+def _output_key(kind: str, call_id: str, results: Sequence[HistoryItem]) -> str:
+    return kind + digest(call_id, *(result.key for result in results))
+
+
+def openai_parts(history: Sequence[HistoryItem]) -> list[Part]:
+    """The history's input items in :func:`openai_responses` order, as parts."""
+    parts: list[Part] = []
+    add = parts.append
+    for turn in _turns(history):
+        if not turn.assistant:
+            for _, item in turn.items:
+                add((item.key, item.tokens))
+            continue
+        for is_call, item in turn.items:
+            add(("C" + item.key if is_call else item.key, item.tokens))
+        for call_id, results in turn.calls.items():
+            tokens = results[0].tokens if len(results) == 1 else sum(r.tokens for r in results if r.text)
+            add((_output_key("O", call_id, results), tokens))
+    return parts
+
+
+def anthropic_parts(history: Sequence[HistoryItem]) -> list[Part]:
+    """The history's content blocks in :func:`anthropic_messages` order, as parts; a block that
+    opens a message has "<" and the role's letter in front of its key (the bytes before it differ)."""
+    parts: list[Part] = []
+    turns = _turns(history)
+    if not turns:
+        return [("<uN", 0)]
+    if turns[0].assistant:
+        parts.append(("<uK", 0))
+    owed: list[Part] = []
+    for turn in turns:
+        blocks = owed if not turn.assistant else []
+        owed = []
+        for is_call, item in turn.items:
+            blocks.append(("C" + item.key if is_call else item.key, item.tokens))
+        if blocks:
+            blocks[0] = (("<a" if turn.assistant else "<u") + blocks[0][0], blocks[0][1])
+        parts += blocks
+        if turn.assistant:
+            owed = [(_output_key("R", call_id, results), sum(r.tokens for r in results if not _blank(r.text)))
+                    for call_id, results in turn.calls.items()]
+    if owed:
+        owed[0] = ("<u" + owed[0][0], owed[0][1])
+        parts += owed
+    return parts
 
 
 # Anthropic Messages ------------------------------------------------------------------------------
 
 _TEXT_BLOCK = '{"type":"text","text":'
+_CACHED_END = "," + CACHE_CONTROL + "}"  # a block's closing brace, with a breakpoint
 _USER = '{"role":"user","content":['
 _ASSISTANT = '{"role":"assistant","content":['
 _TOOL_USE_ID = re.compile(r"[A-Za-z0-9_-]+")
@@ -304,29 +400,40 @@ def _tool_result(call_id: str, results: list[HistoryItem]) -> str:
 
 
 def anthropic_messages(static: AnthropicStatic, task_sections: Sequence[TextSection],
-                       history: Sequence[HistoryItem]) -> str:
+                       history: Sequence[HistoryItem], rolling: Collection[int] = ()) -> str:
     """A Messages API request body: ``tools``, ``system`` (the static blocks, the last one a
-    cache breakpoint, then the per-task blocks) and ``messages`` (the history, alternating
-    user and assistant, starting with user).
+    cache breakpoint, then the per-task blocks, the last one a breakpoint too) and ``messages``
+    (the history, alternating user and assistant, starting with user), with a breakpoint on
+    each history block whose index (in :func:`anthropic_parts`' order) is in ``rolling``.
 
     System items (summaries included) are user-side text: Anthropic has no system role inside
     messages, and keeping them in the history's place keeps everything after them cacheable.
     A history ending with an assistant message is left so (the API reads it as a prefill), and
     the API refuses tool calls in a body without tools: the run's tools belong in ``static``."""
-    # One flat list of pieces and one join at the end: the body is built in a single copy.
+    # One flat list of pieces and one join at the end: the body is built in a single copy. A
+    # block's closing piece is its own item (or ends one), so a breakpoint is spliced into it.
     q = encode_basestring
     out = [static.head]
     separator = "," if static.has_system_blocks else ""
+    last_task_block = -1
     for section in task_sections:
         if not _blank(section.text):
             out += (separator, _TEXT_BLOCK, q(section.text), "}")
+            last_task_block = len(out) - 1
             separator = ","
+    if last_task_block >= 0:
+        out[last_task_block] = _CACHED_END
     out.append('],"messages":[')
+    ends: list[int] = []  # the piece closing each history block, in anthropic_parts' order
     turns = _turns(history)
     if not turns:
-        out += (_USER, _TEXT_BLOCK, q(NO_MESSAGES), "}]}")
+        out += (_USER, _TEXT_BLOCK, q(NO_MESSAGES), "}")
+        ends.append(len(out) - 1)
+        out.append("]}")
     elif turns[0].assistant:
-        out += (_USER, _TEXT_BLOCK, q(CONTINUED), "}]},")
+        out += (_USER, _TEXT_BLOCK, q(CONTINUED), "}")
+        ends.append(len(out) - 1)
+        out.append("]},")
     owed: list[str] = []  # tool_results for the last assistant turn: first in the next user message
     for position, turn in enumerate(turns):
         if position:
@@ -334,12 +441,14 @@ def anthropic_messages(static: AnthropicStatic, task_sections: Sequence[TextSect
         if not turn.assistant:
             out.append(_USER)
             separator = ""
-            if owed:
-                out.append(",".join(owed))
+            for result in owed:
+                out += (separator, result)
+                ends.append(len(out) - 1)
                 separator = ","
-                owed = []
+            owed = []
             for _, item in turn.items:
                 out += (separator, _TEXT_BLOCK, quoted(item), "}")
+                ends.append(len(out) - 1)
                 separator = ","
             out.append("]}")
             continue
@@ -351,10 +460,20 @@ def anthropic_messages(static: AnthropicStatic, task_sections: Sequence[TextSect
                         q(item.tool_name), ',"input":', _arguments(item), "}")
             else:
                 out += (separator, _TEXT_BLOCK, quoted(item), "}")
+            ends.append(len(out) - 1)
             separator = ","
         out.append("]}")
         owed = [_tool_result(call_id, answers) for call_id, answers in turn.calls.items()]
     if owed:  # the history ends with calls: their results (placeholders) make the last user message
-        out += (",", _USER, ",".join(owed), "]}")
+        out += (",", _USER)
+        separator = ""
+        for result in owed:
+            out += (separator, result)
+            ends.append(len(out) - 1)
+            separator = ","
+        out.append("]}")
+    for index in rolling:
+        end = ends[index]  # an index past the history's blocks is the caller's defect
+        out[end] = out[end][:-1] + "," + CACHE_CONTROL + "}"
     out.append("]}")
     return "".join(out)

@@ -205,7 +205,7 @@ class RunContexts:
         return load_task(txn, self._db, key, run, self._cache)
 
     def record_usage(self, tenant: str, run_id: str, iteration: int, input_tokens: int, cached_tokens: int,
-                     output_tokens: int) -> Usage:
+                     output_tokens: int, cache_read_input_tokens: int = 0, cache_creation_input_tokens: int = 0) -> Usage:
         key = run_key(tenant, run_id)
         if iteration < 1:
             raise ValidationError.field("iteration", f"must be at least 1, got {iteration}")
@@ -214,7 +214,7 @@ class RunContexts:
         def write(txn: lmdb.Transaction) -> Usage:
             require_run(txn, self._db, key, run_id)
             return agent_state.record_usage(txn, self._db, key, run_id, iteration, input_tokens, cached_tokens,
-                                            output_tokens, now_ms)
+                                            output_tokens, now_ms, cache_read_input_tokens, cache_creation_input_tokens)
 
         return self._store.write(write)
 

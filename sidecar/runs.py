@@ -41,6 +41,11 @@ class RunSettings:
     summarization: bool = False
     summarization_strategy: str = "sliding-window"
     keep_last_tokens: int = 0
+    # A run keeps the policy it was opened with, so its windows re-assemble and replay the same
+    # whatever the sidecar's configuration says later. Runs recorded before the policy existed
+    # had max-fill windows: that is what their records lacking it mean.
+    window_policy: str = "max_fill"
+    trim_to_fraction: float = 0.6
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +134,7 @@ def save_run(txn: lmdb.Transaction, db: dict, key: bytes, run: Run) -> None:
 def default_settings(defaults: ContextSettings) -> RunSettings:
     return RunSettings(defaults.token_counter, defaults.transcript_token_budget, defaults.keep_last_turns,
                        defaults.transcript_window, defaults.summarization, defaults.summarization_strategy,
-                       defaults.keep_last_tokens)
+                       defaults.keep_last_tokens, defaults.window_policy, defaults.trim_to_fraction)
 
 
 def check_given_settings(defaults: ContextSettings, counters: Counters, given: dict[str, Any]) -> RunSettings:

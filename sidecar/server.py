@@ -71,7 +71,8 @@ class Services:
             store.close()
             raise ConfigError(str(error)) from None
         contexts = RunContexts(store, counters, settings.context, redactor, policy, schemas)
-        return cls(store, counters, Transcripts(store, counters, settings.context, redactor, contexts), memories,
+        return cls(store, counters, Transcripts(store, counters, settings.context, redactor, contexts, settings.context_clearing,
+                                                     settings.render), memories,
                    redactor, events, compactor)
 
     def close(self) -> None:

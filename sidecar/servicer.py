@@ -117,11 +117,11 @@ def _assembled(assembled: AssembledContext, appended: list[AppendResult]) -> byt
         omitted_events=window.omitted_events, summarized_events=window.summarized_events,
         appended=_appended(appended),
         compaction=pb.Compaction(due=window.compaction.due, candidate_event_ids=window.compaction.candidate_ids,
-                                 tokens_before=window.compaction.tokens_before),
+                                 tokens_before=window.compaction.tokens_before, reason=window.compaction.reason),
         sections=[messages.section_to(s) for s in assembled.sections], prefix_sha256=assembled.prefix_sha256,
         prefix_changed=assembled.prefix_changed, window_tokens=assembled.window_tokens,
         tools_tokens=assembled.tools_tokens, turn_limit_tokens=assembled.turn_limit, task_id=assembled.task_id,
-        rendered=assembled.rendered)
+        rendered=assembled.rendered, cache=messages.cache_report_to(assembled.cache))
     # Fields may come in any order in protobuf's encoding; repeated ones concatenate.
     return head.SerializeToString() + _EntriesAsBytes(entries=entries).SerializeToString()
 
@@ -358,7 +358,7 @@ class ContextSidecarServicer(pb_grpc.ContextSidecarServicer):
     def RecordUsage(self, request: pb.RecordUsageRequest, context: grpc.ServicerContext) -> pb.Usage:
         return messages.usage_to(self._contexts.record_usage(
             self._tenant(context), request.run_id, request.iteration, request.input_tokens, request.cached_tokens,
-            request.output_tokens))
+            request.output_tokens, request.cache_read_input_tokens, request.cache_creation_input_tokens))
 
     @answers_errors
     def ListCompactionRecords(self, request: pb.ListCompactionRecordsRequest,

@@ -21,6 +21,7 @@ CONFIG_ENV = ENV_PREFIX + "CONFIG"
 TOKEN_COUNTERS = ("o200k_base", "cl100k_base", "chars", "host-defined")
 STRATEGIES = ("sliding-window", "recursive", "map-reduce")  # RFC 0111 summarization.strategy
 SUMMARISERS = ("none", "extractive")
+WINDOW_POLICIES = ("cache_stable", "max_fill")
 ROLES = ("system", "user", "assistant", "tool")
 # The most bytes an event takes on the wire besides its content: ids of at most 256 bytes
 # (event_id, call_id), type and tool_name of at most 64, role, numbers, field tags and lengths.
@@ -91,6 +92,13 @@ class ContextSettings:
     transcript_window: int = _option(
         0, "transcriptWindow: the most events fed to one turn; 0 means no event-count bound",
         minimum=0)
+    window_policy: str = _option(
+        "cache_stable", "how new runs choose the window's start: 'cache_stable' keeps it where it was while "
+        "everything fits (the provider's prompt cache keeps hitting) and moves it in one step when a turn "
+        "would pass the budget; 'max_fill' takes the oldest start that fits, every turn", choices=WINDOW_POLICIES)
+    trim_to_fraction: float = _option(
+        0.6, "cache_stable: when the window would pass a bound, its start moves to the oldest position "
+        "within this fraction of the budget (and of transcript_window)", minimum=0.05, maximum=1.0)
     max_event_bytes: int = _option(
         1024 * 1024, "largest event content accepted, in UTF-8 bytes", minimum=1, size=True)
     # A turn appends tens of events and a bulk import a few thousand; 10,000 in one call is
@@ -117,6 +125,46 @@ class ContextSettings:
     state_schemas_dir: str = _option(
         "", "folder of <subset>.schema.json files: JSON schemas that PutStateData validates those subsets "
         "against")
+
+
+@dataclass(frozen=True)
+class ClearingSettings:
+    """``[context.clearing]``: old tool results fed as a short placeholder once the transcript
+    fills up, before any summary (the provider-neutral counterpart of Anthropic's
+    ``clear_tool_uses`` context edit). On by default: it is the cheapest correct step, cheaper
+    than letting the window's start move (which re-bills the whole history) and lossless where
+    it matters most (every user and assistant message stays; the model can call the tool again)."""
+
+    enabled: bool = _option(
+        True, "feed old tool results as a placeholder once the transcript passes trigger_fraction of the budget",
+        flag="--clearing-enabled")
+    trigger_fraction: float = _option(
+        0.8, "clear once the transcript fed from the window's start (the active turn included, placeholders at "
+        "their own size, summaries not) passes this fraction of the transcript budget",
+        flag="--clearing-trigger-fraction", minimum=0.01, maximum=1.0)
+    keep_recent: int = _option(
+        3, "the newest tool results that are never cleared", flag="--clearing-keep-recent", minimum=0)
+    clear_at_least_tokens: int = _option(
+        0, "the fewest tokens one clearing frees (none happens when fewer could be): big steps break the "
+        "provider's prompt cache rarely; 0 means a quarter of the transcript budget",
+        flag="--clearing-clear-at-least-tokens", minimum=0)
+    exclude_tools: tuple[str, ...] = _option(
+        (), "tools whose results are never cleared (a TOML array; comma-separated in the environment and "
+        "on the command line)", flag="--clearing-exclude-tools")
+
+
+# The values OpenAI's Responses API takes for prompt_cache_retention ("" here: the field is not sent).
+PROMPT_CACHE_RETENTIONS = ("", "in_memory", "24h")
+
+
+@dataclass(frozen=True)
+class RenderSettings:
+    """``[render]``: options of the provider request bodies AssembleContext renders."""
+
+    openai_prompt_cache_retention: str = _option(
+        "", "OpenAI's prompt_cache_retention sent in openai_responses bodies: 'in_memory' or '24h' (extended "
+        "caching, up to 24 hours, on the models that offer it); empty: not sent (the provider's default)",
+        choices=PROMPT_CACHE_RETENTIONS)
 
 
 @dataclass(frozen=True)
@@ -177,6 +225,8 @@ class Settings:
     server: ServerSettings = field(default_factory=ServerSettings)
     storage: StorageSettings = field(default_factory=StorageSettings)
     context: ContextSettings = field(default_factory=ContextSettings)
+    context_clearing: ClearingSettings = field(default_factory=ClearingSettings)
+    render: RenderSettings = field(default_factory=RenderSettings)
     memory: MemorySettings = field(default_factory=MemorySettings)
     memory_compaction: MemoryCompactionSettings = field(default_factory=MemoryCompactionSettings)
     redaction: RedactionSettings = field(default_factory=RedactionSettings)
@@ -186,9 +236,10 @@ class Settings:
 # A dotted name is a TOML subtable ([memory.compaction]) and the attribute memory_compaction.
 SECTIONS: dict[str, type] = {
     "server": ServerSettings, "storage": StorageSettings, "context": ContextSettings,
-    "memory": MemorySettings, "memory.compaction": MemoryCompactionSettings, "redaction": RedactionSettings}
+    "context.clearing": ClearingSettings, "render": RenderSettings, "memory": MemorySettings, "memory.compaction": MemoryCompactionSettings, "redaction": RedactionSettings}
 _TENANT_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
+_TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # as eventlog.TOOL_NAME, which imports this module
 
 _SIZE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB|TiB)?\s*$")
 _SIZE_UNITS = {None: 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
@@ -246,6 +297,12 @@ def _coerce(section: str, option: dataclasses.Field, value: Any, source: str) ->
             span = f"between {low} and {high}" if high is not None else f"at least {low}"
             raise ConfigError(f"{where}: must be {span}, got {number}")
         return number
+    if kind == tuple[str, ...]:
+        # A TOML array, or one comma-separated string from the environment or a flag.
+        names = [name.strip() for name in value.split(",") if name.strip()] if isinstance(value, str) else value
+        if not isinstance(names, list) or not all(isinstance(name, str) and _TOOL_NAME.match(name) for name in names):
+            raise ConfigError(f"{where}: expected tool names (1-64 of A-Z a-z 0-9 _ -), got {value!r}")
+        return tuple(names)
     if not isinstance(value, str):
         raise ConfigError(f"{where}: expected a string, got {value!r}")
     if meta["choices"] and value not in meta["choices"]:

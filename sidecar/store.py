@@ -30,7 +30,8 @@ T = TypeVar("T")
 AREAS: dict[str, tuple[bytes, ...]] = {
     # A run's log and what is derived from it, all under the run's key.
     "runs": (b"runs", b"events", b"event_ids", b"call_ids", b"iterations", b"counts", b"id_chunks", b"windows",
-             b"log_entries", b"summaries", b"artifacts", b"replay", b"compaction_records"),
+             b"log_entries", b"summaries", b"artifacts", b"replay", b"compaction_records",
+             b"fed_forms"),
     # What a run feeds besides its log (profile, task, agent-state data, usage), under the run's key:
     # deleted and forked with its run.
     "run_context": (b"profiles", b"tasks", b"state_data", b"usage"),

@@ -150,17 +150,26 @@ class Compaction:
     due: bool
     candidate_ids: tuple[str, ...] = ()
     tokens_before: int = 0
+    # Said once (due False) when compaction would be due but nothing can be summarised.
+    reason: str = ""
+    # That case's marker, persisted with the window: the summary in force (-1: none) under which
+    # the reason was said, so the following turns stay quiet until another summary is recorded.
+    said_under: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Candidates:
     """What may be summarised at an iteration, and the built-in choice among it."""
 
-    ids: tuple[str, ...]  # the oldest half of the summarisable events ("recursive": the summary in force first)
+    ids: tuple[str, ...]  # every summarisable event, a budget's worth at most ("recursive": the summary in force first)
     tokens_before: int  # the ids' tokens
-    unsummarised: int  # the tokens of the transcript no summary replaced yet
+    unsummarised: int  # the tokens of the transcript no summary replaced yet (as fed: cleared results weigh their placeholder)
     floor: int  # summarisable events are the host events of [floor, protect)
     protect: int
+    # Of ``unsummarised``: what was appended after the summary in force was recorded (all of it
+    # when none is), and what the active turn and the verbatim floor hold.
+    since_summary: int = 0
+    protected: int = 0
 
 
 def load_summary(txn: lmdb.Transaction, db: dict, key: bytes, index: int) -> Summary:
@@ -230,16 +239,25 @@ def write_summary(writer: LogWriter, summary: Summary, text: str, role: str, tok
     txn.put(key + be32(summary.index), summary.record(), db=db["summaries"])
     entry = StoredEvent(summary.seq, f"{SIDECAR_ID_PREFIX}{SUMMARIZED_TYPE}:{summary.index}", summary.iteration,
                         "system", SUMMARIZED_TYPE, summarized_payload(summary, token_counter), "", 0)
-    writer.append(entry, fastcore.NOT_A_UNIT)
+    put_compaction_record(writer, entry, {
+        "kind": "summary", "removed": list(summary.replaced_turns), "summary_ref": summary.ref,
+        "tokens_before": summary.tokens_before, "tokens_after": summary.tokens_after, "by": summarised_by})
     writer.run.summaries = summary.index + 1
+    return entry
+
+
+def put_compaction_record(writer: LogWriter, entry: StoredEvent, fields: dict) -> None:
+    """Append the sidecar's log ``entry`` and its compaction record (``fields`` and the common
+    ones): records are numbered by the entry's place among the run's log entries (summaries,
+    clearings), so a page of them follows the log and a fork takes those below its seq."""
+    txn, db, key = writer.txn, writer.db, writer.key
+    index = writer.run.log_entries
+    writer.append(entry, fastcore.NOT_A_UNIT)
     task = txn.get(key, db=db["tasks"])
     task_id = (load_json(task)["task"][0] if task else "") or run_id_of(key)
-    txn.put(key + be32(summary.index), dump_json({
-        "index": summary.index, "task_id": task_id, "iteration": summary.iteration,
-        "removed": list(summary.replaced_turns), "summary_ref": summary.ref, "tokens_before": summary.tokens_before,
-        "tokens_after": summary.tokens_after, "recorded_ms": int(time.time() * 1000), "by": summarised_by,
-        "seq": summary.seq}), db=db["compaction_records"])
-    return entry
+    txn.put(key + be32(index), dump_json({
+        "index": index, "task_id": task_id, "iteration": entry.iteration, "recorded_ms": int(time.time() * 1000),
+        "seq": entry.seq, **fields}), db=db["compaction_records"])
 
 
 def compaction_records(txn: lmdb.Transaction, db: dict, key: bytes, from_index: int, limit: int) -> list[dict]:
@@ -420,17 +438,27 @@ def _recorded_with(txn: lmdb.Transaction, db: dict, key: bytes, run: Run,
 
 def candidates(deps: Deps, txn: lmdb.Transaction, key: bytes, run: Run, iteration: int, budget: int,
                top: Summary | None, end: int) -> Candidates:
-    """What the built-in policy would summarise: the oldest half of what may be (outside the
-    verbatim floor and the active turn, groups whole), at most a budget's worth, and, for
-    ``recursive``, the summary in force first."""
+    """What the built-in policy would summarise: all that may be (outside the verbatim floor and
+    the active turn, groups whole), at most a budget's worth, and, for ``recursive``, the summary
+    in force first. All of it, not a part: each summary breaks the window's cached prefix once,
+    so one big step costs less than several small ones, and it leaves the summary room to be fed."""
     floor = top.to_seq if top else 0
     counts = read_counts(txn, deps.db, key, floor, end)
     protect = protected_from(deps, txn, key, run, iteration, counts, floor)
-    cut, tokens_before, unsummarised = fastcore.compaction_cut(counts, floor, floor, protect, budget)
+    cut, tokens_before, unsummarised = fastcore.compaction_cut(counts, floor, floor, protect, budget, True)
+    since_summary = _tokens_between(counts, floor, top.seq + 1, end) if top else unsummarised
+    protected = _tokens_between(counts, floor, max(protect, floor), end)
     ids = tuple(host_event_ids(txn, deps.db, key, floor, cut))
     if ids and top and run.settings.summarization_strategy == "recursive":
-        return Candidates((top.ref, *ids), tokens_before + top.tokens_after, unsummarised, floor, protect)
-    return Candidates(ids, tokens_before, unsummarised, floor, protect)
+        return Candidates((top.ref, *ids), tokens_before + top.tokens_after, unsummarised, floor, protect,
+                          since_summary, protected)
+    return Candidates(ids, tokens_before, unsummarised, floor, protect, since_summary, protected)
+
+
+def _tokens_between(counts: bytes, base_seq: int, start: int, end: int) -> int:
+    """The tokens of the entries of ``[start, end)`` in ``counts`` (which begin at ``base_seq``);
+    the sidecar's own log entries weigh nothing there."""
+    return sum(_tokens_at(counts, base_seq, seq) for seq in range(max(start, base_seq), end))
 
 
 def tokens_of(deps: Deps, txn: lmdb.Transaction, key: bytes, top: Summary | None, ids: tuple[str, ...]) -> int:

@@ -14,27 +14,28 @@ from typing import Any, Callable, Sequence
 
 import lmdb
 
-from sidecar import context_window, forks
-from sidecar.context_window import HistoryCache, Layout, Section
+from sidecar import clearing, context_window, forks
+from sidecar.context_window import CacheReport, HistoryCache, Layout, Section
 from sidecar.counting import Counters
 from sidecar.errors import NO_DEADLINE, Deadline, NotFound, PluginFailed, SidecarError, ValidationError
 from sidecar.eventlog import (AppendResult, LogWriter, NewEvent, append_host_events, check_request_size, count_events,
                               iter_records, log_entries_in, prepare_events, read_records)
 from sidecar.policy import HistoryEvent, SummariseInput, SummariseResult, TriggerInput
 from sidecar.profiles import Profile, Task
-from sidecar.records import StoredEvent, decode_event, load_json
+from sidecar.records import StoredEvent, decode_event, dump_json, load_json
 from sidecar.redaction import Redactor, redact_json_text
 from sidecar.run_context import RunContexts
 from sidecar.runs import (SIDECAR_ID_PREFIX, Deps, Run, RunSettings, check_given_settings, confirm_settings,
                           default_settings, load_run, require_run, run_key, save_run)
-from sidecar.settings import ContextSettings
+from sidecar.settings import ClearingSettings, ContextSettings, RenderSettings
 from sidecar.store import Store, be32
 from sidecar.summaries import (Candidates, Compaction, Summary, SummaryRequest, candidates, compaction_records,
                                extractive_summary, in_force, load_summary, newest_in_force, read_artifact,
                                read_artifacts, record_summary, tokens_of)
 from sidecar.untrusted import fence
 from sidecar.validation import check_at_least, check_id, page_size, page_within_bytes
-from sidecar.window import Plan, TranscriptWindow, from_record, persist, plan
+from sidecar.window import (Plan, TranscriptWindow, effective_budget, from_record, persist, plan,
+                            previous_window_record)
 
 __all__ = ["AppendResult", "AssembledContext", "NewEvent", "RunSettings", "Section", "Summary", "SummaryRequest",
            "TranscriptWindow", "Transcripts"]
@@ -53,6 +54,7 @@ class AssembledContext:
     turn_limit: int
     task_id: str
     rendered: str  # the provider request body, when one was asked for
+    cache: CacheReport  # what of it repeats the previous assembly's request
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,8 +71,11 @@ class AgentStateView:
 
 class Transcripts:
     def __init__(self, store: Store, counters: Counters, defaults: ContextSettings,
-                 redactor: Redactor | None = None, contexts: RunContexts | None = None) -> None:
+                 redactor: Redactor | None = None, contexts: RunContexts | None = None,
+                 clearing_settings: ClearingSettings | None = None, render: RenderSettings | None = None) -> None:
         self._store = store
+        self._render = render or RenderSettings()
+        self._clearing = clearing_settings or ClearingSettings()
         # A run's own databases: its log and its context, never memory's or the tenant's events.
         self._db = store.handles("runs", "run_context")
         self._deps = Deps(self._db, counters, defaults)
@@ -222,15 +227,22 @@ class Transcripts:
             with self._store.read() as txn:
                 run = require_run(txn, self._db, key, run_id)
                 layout = self.contexts.layout(txn, key, run, run_id)
-                chosen, _ = plan(self._deps, txn, key, run, iteration, _tighter(max_transcript_tokens, layout))
                 stored = txn.get(key + be32(iteration), db=self._db["windows"])
-                if stored is not None and _unchanged(chosen, record := load_json(stored), run):
+                record = load_json(stored) if stored is not None else None
+                tighter = _tighter(max_transcript_tokens, layout)
+                # An iteration before the last one assembled was fed as persisted, whatever came
+                # later: clearings and kept clips rewrite counts, so planning it again could differ.
+                settled = record is not None and iteration < run.last_assembled and \
+                    record["budget"] == effective_budget(self._deps, run, tighter)
+                if settled or (record is not None and _unchanged(plan(self._deps, txn, key, run, iteration, tighter)[0],
+                                                                 record, run)):
                     window = from_record(self._deps, txn, key, run_id, iteration, record)
-                    return self._answer(layout, window, render, (key, run.incarnation)), []
+                    cache = self._cache_of(txn, key, run, iteration, render, layout, window)
+                    return self._answer(layout, window, render, (key, run.incarnation), cache), []
         deadline.check("while the events were redacted")
         append = self._appender(key, events, "append_events", deadline)
 
-        def write(txn: lmdb.Transaction) -> tuple[Layout, TranscriptWindow, list[AppendResult], str]:
+        def write(txn: lmdb.Transaction) -> tuple[Layout, TranscriptWindow, list[AppendResult], str, dict]:
             run = load_run(txn, self._db, key)
             if run is None:
                 if not events:
@@ -243,11 +255,20 @@ class Transcripts:
             writer.flush()
             layout = self.contexts.layout(txn, key, run, run_id)
             limit = _tighter(max_transcript_tokens, layout)
+            # Tool results cleared (and earlier clips kept) before the window is chosen, so the
+            # choice weighs what is fed; a replay fork then reaches the source's summaries after them.
+            refed = clearing.before_plan(self._deps, self._clearing, writer, iteration,
+                                         effective_budget(self._deps, run, limit))
+            if refed:
+                if run.replay_pending:
+                    replayed = forks.at_assembly(self._deps, writer, iteration) or replayed
+                writer.flush()
             chosen, top = plan(self._deps, txn, key, run, iteration, limit)
             stored = txn.get(key + be32(iteration), db=self._db["windows"])
-            if stored is not None and _unchanged(chosen, record := load_json(stored), run):
-                return (layout, from_record(self._deps, txn, key, run_id, iteration, record), appended,
-                        run.incarnation)
+            if stored is not None and not refed and _unchanged(chosen, record := load_json(stored), run):
+                window = from_record(self._deps, txn, key, run_id, iteration, record)
+                return (layout, window, appended, run.incarnation,
+                        self._cache_of(txn, key, run, iteration, render, layout, window))
             due = None
             if run.settings.summarization:
                 due, choice = self._compaction(txn, key, run, iteration, chosen, top, layout)
@@ -272,15 +293,39 @@ class Transcripts:
                 "task_id": layout.task_id})
             if run.fed_prefix != fed_before:
                 save_run(txn, self._db, key, run)
-            return layout, from_record(self._deps, txn, key, run_id, iteration, record), appended, run.incarnation
+            window = from_record(self._deps, txn, key, run_id, iteration, record)
+            # What the next turn compares with is persisted with the window (window.context is
+            # record["context"]): each part's key and tokens, not its text.
+            cache = record["context"]["cache"] = self._cache_state(txn, key, run, iteration, render, layout, window)
+            txn.put(key + be32(iteration), dump_json(record), db=self._db["windows"])
+            return layout, window, appended, run.incarnation, cache
 
         # The answer is built after the commit: a rendering needs no lock.
-        layout, window, appended, incarnation = self._store.write(write)
-        return self._answer(layout, window, render, (key, incarnation)), appended
+        layout, window, appended, incarnation, cache = self._store.write(write)
+        return self._answer(layout, window, render, (key, incarnation), cache), appended
 
-    def _answer(self, layout: Layout, window: TranscriptWindow, render: str, run: tuple) -> AssembledContext:
-        rendered = context_window.render(render, layout, window, self._history.items(window, run)) if render else ""
-        return _assembled(layout, window, render, rendered)
+    def _answer(self, layout: Layout, window: TranscriptWindow, render: str, run: tuple, cache: dict) -> AssembledContext:
+        rendered = context_window.render(render, layout, self._history.items(window, run), cache,
+                                         self._render.openai_prompt_cache_retention) if render else ""
+        return _assembled(layout, window, render, rendered, cache)
+
+    def _cache_state(self, txn: lmdb.Transaction, key: bytes, run: Run, iteration: int, render: str, layout: Layout,
+                     window: TranscriptWindow) -> dict:
+        """The request's cache state in the form ``render``, against the previous assembly's
+        (the window persisted for the newest earlier iteration; none: a first turn)."""
+        previous = previous_window_record(txn, self._db, key, iteration)
+        previous_cache = (previous.get("context") or {}).get("cache") if previous else None
+        return context_window.cache_state(render, layout, window, self._history.items(window, (key, run.incarnation)),
+                                          tuple((window.context or {}).get("changed", ())), previous_cache)
+
+    def _cache_of(self, txn: lmdb.Transaction, key: bytes, run: Run, iteration: int, render: str, layout: Layout,
+                  window: TranscriptWindow) -> dict:
+        """A persisted window's cache state: as persisted when of the form ``render``, else
+        computed for that form (and not persisted: the window's first form stays the record's)."""
+        stored = (window.context or {}).get("cache")
+        if stored is not None and stored["form"] == render:
+            return stored
+        return self._cache_state(txn, key, run, iteration, render, layout, window)
 
     def _compaction(self, txn: lmdb.Transaction, key: bytes, run: Run, iteration: int, chosen: Plan,
                     top: Summary | None, layout: Layout,
@@ -290,11 +335,19 @@ class Transcripts:
         found = candidates(self._deps, txn, key, run, iteration, chosen.budget, top, chosen.end)
         if "history" in layout.kept:  # the policy keeps the history whole: nothing to summarise
             return Compaction(False), None
+        fraction = self._deps.defaults.compaction_fraction
         due = policy.trigger(TriggerInput(
             iteration, layout.task_id, chosen.tokens + layout.fixed_tokens, layout.turn_limit, found.unsummarised,
-            chosen.budget, self._deps.defaults.compaction_fraction))
+            chosen.budget, fraction, found.since_summary if top else None))
         if not due:
             return Compaction(False), None
+        if not found.ids:
+            # Asking every turn could not help: say why once (until another summary is recorded).
+            under = top.index if top else -1
+            previous = previous_window_record(txn, self._db, key, iteration)
+            said = previous is not None and previous.get("compaction", [None] * 5)[4:5] == [under]
+            return Compaction(False, reason="" if said else _nothing_to_summarise(found, run, chosen.budget, fraction),
+                              said_under=under), None
         if not summarise:
             return Compaction(True, found.ids, found.tokens_before), None
         choice = policy.summarise(SummariseInput(
@@ -408,7 +461,7 @@ class Transcripts:
         # Bounded by bytes too (as JSON, longer than the answer's protobuf): a record lists ids.
         records, _ = page_within_bytes(records, lambda record: len(json.dumps(record)))
         end = from_index + len(records)
-        return records, (end if end < run.summaries else None)
+        return records, (end if end < run.log_entries else None)
 
     # -- counting -----------------------------------------------------------------------------
 
@@ -425,6 +478,18 @@ class Transcripts:
         return counter.name, counts
 
 
+def _nothing_to_summarise(found: Candidates, run: Run, budget: int, fraction: float) -> str:
+    trigger = int(fraction * budget)
+    if found.protected > trigger:
+        return (f"protected_turns_exceed_trigger: the active turn and the verbatim floor (keep_last_turns "
+                f"{run.settings.keep_last_turns}, keep_last_tokens {run.settings.keep_last_tokens}) hold "
+                f"{found.protected} tokens, over the compaction trigger of {trigger} ([context] compaction_fraction "
+                f"{fraction} of the budget {budget}); nothing older is left to summarise. The window still keeps "
+                f"within its budget; for summaries to help, give the run a larger budget or keep fewer turns")
+    return (f"nothing_summarisable: {found.unsummarised} unsummarised tokens pass the compaction trigger of "
+            f"{trigger}, but every older event belongs to a tool call whose results lie in the protected turns")
+
+
 def _tighter(max_transcript_tokens: int | None, layout: Layout) -> int:
     """The transcript budget's tightest cap: the call's, and what the turn limit leaves it."""
     return min(max_transcript_tokens or layout.transcript_room, layout.transcript_room)
@@ -438,10 +503,10 @@ def _unchanged(chosen: Plan, record: dict, run: Run) -> bool:
         context["digests"] == [run.profile_digest, run.task_digest]
 
 
-def _assembled(layout: Layout, window: TranscriptWindow, render: str, rendered: str) -> AssembledContext:
+def _assembled(layout: Layout, window: TranscriptWindow, render: str, rendered: str, cache: dict) -> AssembledContext:
     context = window.context or {}
     return AssembledContext(
         window, tuple(context_window.sections(layout, window, with_text=not render)), context.get("prefix", ""),
         tuple(context.get("changed", ())), window.window_tokens, layout.profile.tools_tokens,
         context.get("limit", layout.turn_limit), context.get("task_id", layout.task_id),
-        rendered)
+        rendered, context_window.cache_report(cache))

@@ -14,9 +14,10 @@ from typing import Any
 import lmdb
 
 import fastcore
+from sidecar.clearing import current_forms, forms_listed
 from sidecar.errors import TokenBudgetExceeded, TranscriptWindowExceeded
 from sidecar.eventlog import CHUNK_EVENTS, log_entries_before, log_entries_in, prefix_end, read_ids, read_records
-from sidecar.records import StoredEvent, decode_event, dump_json
+from sidecar.records import StoredEvent, decode_event, dump_json, load_json
 from sidecar.counting import TokenCounter
 from sidecar.runs import Deps, Run, load_run, save_run
 from sidecar.store import be32
@@ -29,9 +30,10 @@ MAX_COUNT = 2**31 - 1
 
 @dataclass(frozen=True, slots=True)
 class Clip:
-    """An oversized event of the active turn, fed clipped so the window fits its budget."""
+    """An event fed in another form than its content: an oversized event clipped so the window
+    fits its budget (in its own turn and, kept, on later ones), or a cleared tool result."""
 
-    text: str  # head + elision marker + tail
+    text: str  # head + elision marker + tail, or a cleared result's placeholder
     tokens: int  # count of ``text``
     original_tokens: int  # the event content's own count
 
@@ -129,8 +131,22 @@ def plan(deps: Deps, txn: lmdb.Transaction, key: bytes, run: Run, iteration: int
     records = (txn.get(key + be32(last_chunk), b"", db=counts)[: (end - last_chunk * CHUNK_EVENTS) * fastcore.RECORD_SIZE]
                if end > floor else b"")
     base = first_chunk * CHUNK_EVENTS if end > floor else end
+    stable = settings.window_policy == "cache_stable"
+    if stable:
+        previous_start, previous_prefix_in = previous_window_start(txn, deps.db, key, iteration)
+        if floor < previous_start < end:
+            # The window reaches back to the previous start at least: read from there at once.
+            first_chunk = max(floor_chunk, min(last_chunk, (previous_start - 1) // CHUNK_EVENTS))
+            records = b"".join([txn.get(key + be32(c), db=counts) for c in range(first_chunk, last_chunk)] + [records])
+            base = first_chunk * CHUNK_EVENTS
     while True:
-        chosen = fastcore.select_window(records, base, iteration, budget, settings.transcript_window, floor, prefix)
+        if stable:
+            chosen = fastcore.select_stable_window(records, base, iteration, budget, settings.transcript_window, floor,
+                                                   prefix, previous_start, previous_prefix_in,
+                                                   settings.trim_to_fraction)
+        else:
+            chosen = fastcore.select_window(records, base, iteration, budget, settings.transcript_window, floor,
+                                            prefix)
         if chosen is not None:
             break
         earlier = max(floor_chunk, first_chunk - (last_chunk - first_chunk + 1))
@@ -151,6 +167,29 @@ def plan(deps: Deps, txn: lmdb.Transaction, key: bytes, run: Run, iteration: int
                                                 "transcript_window": str(settings.transcript_window)})
     return Plan(settings.token_counter, budget, start, end, mandatory, cap, tokens, top.index if top else -1,
                 prefix_in), top
+
+
+def previous_window_record(txn: lmdb.Transaction, db: dict, key: bytes, iteration: int) -> dict | None:
+    """The newest window persisted for an iteration before ``iteration`` (so re-assembling an
+    old iteration, or a replay fork's, finds the same one); None when there is none."""
+    cursor = txn.cursor(db=db["windows"])
+    if cursor.set_range(key + be32(iteration)):
+        found = cursor.prev()
+    else:
+        found = cursor.last()
+    if not found or len(cursor.key()) != len(key) + 4 or not cursor.key().startswith(key):
+        return None
+    return load_json(cursor.value())
+
+
+def previous_window_start(txn: lmdb.Transaction, db: dict, key: bytes, iteration: int) -> tuple[int, int]:
+    """Where the run's window before ``iteration`` started: its first event's seq and how many
+    summaries came before it; (-1, 0) when there is none. A cache-stable window keeps that start
+    while everything fits."""
+    record = previous_window_record(txn, db, key, iteration)
+    if record is None:
+        return -1, 0
+    return record["start"], len(record["summaries"])
 
 
 def host_events(txn: lmdb.Transaction, db: dict, key: bytes, run: Run, start: int, end: int) -> int:
@@ -242,12 +281,18 @@ def persist(deps: Deps, txn: lmdb.Transaction, key: bytes, run: Run, iteration: 
         "budget": chosen.budget, "tokens": chosen.tokens, "skip": skip, "clipped": [],
         "summaries": summaries, "summarized": summarized,
         "omitted": host_events(txn, db, key, run, 0, chosen.start) - summarized}
+    # The events fed in another form (cleared, clipped on an earlier turn), as they are now: the
+    # record names the forms, so the window reads back as fed whatever later turns change.
+    forms = current_forms(txn, db, key, chosen.start, chosen.end)
+    if forms:
+        record["fed"] = [[form.seq, form.made_at] for form in forms.values()]
     if chosen.cap >= 0:
         # fastcore's cap knows counts only; the cap the events are clipped to also gives every
         # clip room for its marker (clip_mandatory). The counts of the clipped texts, not the
         # cap, are what the window adds up.
         counter = deps.counters.get(chosen.token_counter)
         events = [decode_event(raw) for raw in read_records(txn, db, key, chosen.start, chosen.end)]
+        events = [forms[event.seq].as_event(event) if event.seq in forms else event for event in events]
         clips = clip_mandatory(counter, [e for e in events if e.seq >= chosen.mandatory], chosen.budget)
         total = 0
         for event in events:
@@ -260,7 +305,7 @@ def persist(deps: Deps, txn: lmdb.Transaction, key: bytes, run: Run, iteration: 
                 total += event.tokens
         record["tokens"] = total
     if due is not None:
-        record["compaction"] = [due.due, list(due.candidate_ids), due.tokens_before]
+        record["compaction"] = [due.due, list(due.candidate_ids), due.tokens_before, due.reason, due.said_under]
     record["context"] = context
     # Everything fed: the transcript as clipped, and what the sections and tools add to it.
     record["window_tokens"] = record["tokens"] + context["fixed_tokens"]
@@ -284,10 +329,13 @@ def from_record(deps: Deps, txn: lmdb.Transaction, key: bytes, run_id: str, iter
         ids = [ids[p] for p in kept]
     refs = [ref for _, ref in record["summaries"]]
     clips = {}
-    if record["clipped"]:
+    fed = record.get("fed")
+    if record["clipped"] or fed:
         # Positions by seq in one pass: a turn of many clipped events stays linear.
         skipped = set(record["skip"])
         position_of = {seq: position for position, seq in enumerate(s for s in range(start, end) if s not in skipped)}
+        for form in forms_listed(txn, db, key, fed or []):
+            clips[len(refs) + position_of[form.seq]] = Clip(form.text, form.tokens, form.original_tokens)
         for seq, text, tokens in record["clipped"]:
             position = position_of[seq]
             clips[len(refs) + position] = Clip(text, tokens, decode_event(records[position]).tokens)
@@ -295,7 +343,7 @@ def from_record(deps: Deps, txn: lmdb.Transaction, key: bytes, run_id: str, iter
     if with_ranges:
         ranges = tuple(SummarizedRange(s.ref, s.replaced_turns)
                        for s in (load_summary(txn, db, key, index) for index, _ in record["summaries"]))
-    due = Compaction(record["compaction"][0], tuple(record["compaction"][1]), record["compaction"][2]) \
+    due = Compaction(record["compaction"][0], tuple(record["compaction"][1]), *record["compaction"][2:]) \
         if "compaction" in record else Compaction(False)
     summarized, omitted = record.get("summarized"), record["omitted"]
     if summarized is None:

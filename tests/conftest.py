@@ -14,7 +14,7 @@ from sidecar.counting import Counters
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
 from sidecar import server as server_module
 from sidecar.server import Services, build_server
-from sidecar.settings import (AuthSettings, ContextSettings, MemoryCompactionSettings, MemorySettings, ServerSettings,
+from sidecar.settings import (AuthSettings, ClearingSettings, ContextSettings, MemoryCompactionSettings, MemorySettings, RenderSettings, ServerSettings,
                               Settings, StorageSettings, TenantCredential)
 from sidecar.store import Store
 from sidecar.transcript import Transcripts
@@ -43,20 +43,27 @@ def store(tmp_path: Path) -> Iterator[Store]:
 
 @pytest.fixture
 def make_transcripts(store: Store, counters: Counters):
-    def make(**context: object) -> Transcripts:
-        return Transcripts(store, counters, ContextSettings(**context))
+    def make(clearing: dict | None = None, **context: object) -> Transcripts:
+        # The domain's own tests hold the window's rules over the host's events; [context.clearing]
+        # (on by default in a server) is tested through a real server, in test_clearing.py.
+        return Transcripts(store, counters, ContextSettings(**context),
+                           clearing_settings=ClearingSettings(**(clearing or {"enabled": False})))
     return make
 
 
 def settings_for(tmp_path: Path, storage: dict | None = None, memory: dict | None = None,
-                 tenants: dict[str, str] | None = None, compaction: dict | None = None, **context: object) -> Settings:
-    """``tenants``: tenant id -> bearer token (the settings keep only its SHA-256)."""
+                 tenants: dict[str, str] | None = None, compaction: dict | None = None, clearing: dict | None = None,
+                 render: dict | None = None, **context: object) -> Settings:
+    """``tenants``: tenant id -> bearer token (the settings keep only its SHA-256); ``clearing``:
+    the [context.clearing] section."""
     credentials = tuple(TenantCredential(tenant, hashlib.sha256(token.encode()).hexdigest())
                         for tenant, token in (tenants or {}).items())
     return Settings(server=ServerSettings(listen="127.0.0.1:0"),
                     storage=StorageSettings(path=str(tmp_path / "lmdb"), **{"map_size": 16 << 20, **(storage or {})}),
-                    context=ContextSettings(**context), memory=MemorySettings(**(memory or {})),
-                    memory_compaction=MemoryCompactionSettings(**(compaction or {})), auth=AuthSettings(credentials))
+                    context=ContextSettings(**context), context_clearing=ClearingSettings(**(clearing or {})),
+                    memory=MemorySettings(**(memory or {})),
+                    memory_compaction=MemoryCompactionSettings(**(compaction or {})), auth=AuthSettings(credentials),
+                    render=RenderSettings(**(render or {})))
 
 
 @dataclasses.dataclass
@@ -73,8 +80,10 @@ def start_server(tmp_path: Path, counters: Counters):
     started: list[tuple[grpc.Server, RunningServer]] = []
 
     def start_with(storage: dict | None = None, memory: dict | None = None, tenants: dict[str, str] | None = None,
-                   compaction: dict | None = None, **context: object) -> RunningServer:
-        settings = settings_for(tmp_path / f"server{len(started)}", storage, memory, tenants, compaction, **context)
+                   compaction: dict | None = None, clearing: dict | None = None, render: dict | None = None,
+                   **context: object) -> RunningServer:
+        settings = settings_for(tmp_path / f"server{len(started)}", storage, memory, tenants, compaction, clearing,
+                                render, **context)
         store = Store(settings.storage.path, settings.storage.map_size, settings.storage.max_map_size)
         services = Services.build(settings, store, counters)
         server, port, health_servicer = build_server(settings, services)

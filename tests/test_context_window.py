@@ -202,7 +202,8 @@ def test_renderings_are_ready_to_send_with_every_tool_call_paired(start_server) 
     static_blocks = [s.text for s in plain.sections if s.stability == "static"]
     assert [b["text"] for b in body["system"][:len(static_blocks)]] == static_blocks
     marked = [n for n, b in enumerate(body["system"]) if "cache_control" in b]
-    assert marked == [len(static_blocks) - 1], "the cache breakpoint ends the static prefix"
+    # Breakpoints end the static prefix and the per-task blocks (the history's are in test_cache_report).
+    assert marked == [len(static_blocks) - 1, len(body["system"]) - 1], "the cache breakpoints end the static prefix"
     messages = body["messages"]
     assert messages[0]["role"] == "user"
     assert all(a["role"] != b["role"] for a, b in zip(messages, messages[1:])), "roles alternate"

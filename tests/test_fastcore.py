@@ -163,13 +163,113 @@ def test_window_with_summaries_against_reference_and_oracle() -> None:
         check_one(records, active, budget, max_events, floor, prefix)
 
 
-def compaction_oracle(records, floor: int, protect: int, max_tokens: int) -> tuple[int, int]:
+def stable_oracle(records, active: int, budget: int, max_events: int, floor: int, prefix: tuple[int, ...],
+                  previous: int, previous_prefix_in: int, fraction: float):
+    """The cache-stable rule, restated by brute force over every position (summaries at the floor,
+    then event cuts), oldest first: keep the previous start while its window fits, else the
+    oldest position within the trimmed bounds."""
+    expected = oracle(records, active, budget, max_events, floor, prefix)
+    if expected[0] == "clip":
+        return expected
+    mandatory = expected[2]
+    n, m = len(records), len(prefix)
+    tokens = [r[0] for r in records]
+    unit = [r[2] != SKIP for r in records]
+    group = [max(r[2], floor) if unit[j] else j for j, r in enumerate(records)]
+    positions = [(floor, k) for k in range(m, 0, -1)] + [(c, 0) for c in range(floor, mandatory + 1)]
+
+    def valid(position) -> bool:
+        return all(group[j] >= position[0] for j in range(position[0], n))
+
+    def weight(position) -> tuple[int, int]:
+        cut, k = position
+        return sum(tokens[cut:]) + sum(prefix[m - k:]), sum(unit[cut:]) + k
+
+    if previous < floor:
+        at = (floor, m)
+    else:
+        cut = previous
+        while cut > floor and not unit[cut - 1]:
+            cut -= 1
+        at = (floor, min(previous_prefix_in, m)) if cut == floor else (cut, 0)
+    if at[0] > mandatory:
+        at = (mandatory, 0)
+    at = next(p for p in positions[positions.index(at):] if valid(p))
+    fed, units = weight(at)
+    if fed <= budget and (max_events == 0 or units <= max_events):
+        cut = at[0]
+        while cut < mandatory and not unit[cut]:
+            cut += 1
+        return "window", cut, mandatory, fed, at[1]
+    trim_tokens = int(fraction * budget)
+    trim_events = max(int(fraction * max_events), 1) if max_events else 0
+    if sum(tokens[mandatory:]) > trim_tokens:
+        return "window", mandatory, mandatory, sum(tokens[mandatory:]), 0
+    return oracle(records, active, trim_tokens, trim_events, floor, prefix)
+
+
+def check_stable(records, active, budget, max_events, floor, prefix, previous, previous_prefix_in, fraction) -> None:
+    packed = pack(records)
+    args = (active, budget, max_events, floor, prefix, previous, previous_prefix_in, fraction)
+    compiled = fastcore.select_stable_window(packed, 0, *args)
+    assert compiled == _reference.select_stable_window(packed, 0, *args), (records, args)
+    start, mandatory, total, cap, prefix_in = compiled
+    expected = stable_oracle(records, *args)
+    if cap >= 0:
+        assert expected == ("clip", mandatory) and start == mandatory
+    else:
+        assert expected == ("window", start, mandatory, total, prefix_in), (records, args)
+        assert total <= budget
+    # Given only a tail of the history, the answer is the same or "need more": never different.
+    for base in sorted({len(records) // 2, max(len(records) - 3, 0), len(records) - 1}):
+        if base <= 0:
+            continue
+        partial_args = (packed[base * PACK.size:], base, *args)
+        partial = fastcore.select_stable_window(*partial_args)
+        assert partial == _reference.select_stable_window(*partial_args)
+        assert partial is None or partial == compiled, (records, args, base)
+
+
+def test_stable_window_random_against_reference_and_oracle() -> None:
+    rng = random.Random(10)
+    for _ in range(2500):
+        records = make_transcript(rng, rng.randrange(1, 50), with_log_entries=rng.random() < 0.5)
+        active = records[-1][1] if rng.random() < 0.8 else records[-1][1] + 1
+        active_start = next((j for j, r in enumerate(records) if r[1] >= active), len(records))
+        floor = rng.randrange(0, active_start + 1) if rng.random() < 0.5 else 0
+        prefix = tuple(rng.choice((5, 40, 100, 300)) for _ in range(rng.randrange(0, 4))) if floor else ()
+        # Previous starts anywhere: none, below the floor, at it, inside a group, past the active turn.
+        previous = rng.choice((-1, rng.randrange(0, len(records) + 1), floor, max(floor - 1, 0)))
+        check_stable(records, active, rng.choice((1, 10, 100, 500, 1000, 5000)), rng.choice((0, 0, 1, 3, 10)),
+                     floor, prefix, previous, rng.randrange(0, 5), rng.choice((0.3, 0.5, 0.6, 0.8, 1.0)))
+
+
+def test_a_stable_window_keeps_its_start_until_the_budget_forces_one_step() -> None:
+    """Turn after turn of 10-token events at a 100-token budget: the start stays until a turn
+    would pass 100, then moves once so the window holds at most 60; never by one event a turn."""
+    records: list[tuple[int, int, int]] = []
+    start, starts = -1, []
+    for turn in range(1, 41):
+        seq = len(records)
+        records.append((10, turn, seq))
+        start, _, total, cap, _ = fastcore.select_stable_window(pack(records), 0, turn, 100, 0, 0, (), start, 0, 0.6)
+        assert cap == -1 and total <= 100
+        if starts and start != starts[-1]:
+            assert total <= 60 and total + 10 > 60  # the oldest start within 60 tokens
+        starts.append(start)
+    moves = sum(1 for a, b in zip(starts, starts[1:]) if a != b)
+    # The 11th event passes 100: 6 are kept and 4 more fit, so a move every 5 turns: 11, 16, ..., 36.
+    assert moves == 6 and starts[10] == 5 and starts[14] == 5 and starts[15] == 10
+    assert fastcore.select_window(pack(records), 0, 40, 100, 0)[0] == 30  # max-fill slides every turn
+
+
+def compaction_oracle(records, floor: int, protect: int, max_tokens: int, all_of_it: bool = False) -> tuple[int, int]:
     n = len(records)
     tokens = [r[0] for r in records]
     group = [max(r[2], floor) if r[2] != SKIP else j for j, r in enumerate(records)]
     protect = min(max(protect, floor), n)
     whole = [c for c in range(floor + 1, protect + 1) if all(group[j] >= c for j in range(c, n))]
-    target = min(sum(tokens[floor:protect]) // 2, max_tokens)
+    target = min(sum(tokens[floor:protect]) // (1 if all_of_it else 2), max_tokens)
     within = [c for c in whole if sum(tokens[floor:c]) <= target]
     cut = max(within) if within else (whole[0] if whole else floor)
     return cut, sum(tokens[floor:cut]), sum(tokens[floor:])
@@ -184,9 +284,10 @@ def test_compaction_cut_against_reference_and_oracle() -> None:
         max_tokens = rng.choice((1, 50, 500, 10_000))
         base = rng.randrange(0, floor + 1)
         packed = pack(records)[base * PACK.size:]
-        compiled = fastcore.compaction_cut(packed, base, floor, protect, max_tokens)
-        assert compiled == _reference.compaction_cut(packed, base, floor, protect, max_tokens)
-        assert compiled == compaction_oracle(records, floor, protect, max_tokens)
+        whole = rng.random() < 0.5  # everything summarisable (the default candidates), or its oldest half
+        compiled = fastcore.compaction_cut(packed, base, floor, protect, max_tokens, whole)
+        assert compiled == _reference.compaction_cut(packed, base, floor, protect, max_tokens, whole)
+        assert compiled == compaction_oracle(records, floor, protect, max_tokens, whole)
     with pytest.raises(ValueError):
         fastcore.compaction_cut(pack([(1, 1, 0)]), 1, 0, 1, 10)
 

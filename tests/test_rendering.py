@@ -14,6 +14,9 @@ from sidecar.rendering import (CONTINUED, NO_MESSAGES, NO_RESULT, HistoryItem, T
                                anthropic_static, canonical_tools_json, openai_responses, openai_static)
 
 OPENAI_KEYS = ["instructions", "input", "tools", "prompt_cache_key", "store"]
+RETENTIONS = ("in_memory", "24h")  # what the Responses API takes for prompt_cache_retention
+CACHED = {"type": "ephemeral"}
+MAX_BREAKPOINTS = 4  # Anthropic refuses more cache_control blocks in one request
 ANTHROPIC_KEYS = ["tools", "system", "messages"]
 TOOL_USE_ID = re.compile(r"[A-Za-z0-9_-]+")
 TRICKY = 'héllo 🙂 日本 "quoted" back\\slash\nnew line\ttab </script><!-- \u2028 \x00 \x1f'
@@ -55,7 +58,11 @@ def check_openai(body: str, has_instructions: bool) -> dict:
     """A Responses body: the documented keys in order, tools by name, and every function_call
     answered by exactly one output right after its assistant run, no output without its call."""
     doc = json.loads(body)
-    assert list(doc) == (OPENAI_KEYS if has_instructions else OPENAI_KEYS[1:])
+    keys = OPENAI_KEYS if has_instructions else OPENAI_KEYS[1:]
+    if "prompt_cache_retention" in doc:
+        assert doc["prompt_cache_retention"] in RETENTIONS
+        keys = keys[:-1] + ["prompt_cache_retention", "store"]
+    assert list(doc) == keys
     assert doc["store"] is False and isinstance(doc["prompt_cache_key"], str)
     names = [tool["name"] for tool in doc["tools"]]
     assert names == sorted(names) and len(set(names)) == len(names)
@@ -95,19 +102,36 @@ def check_openai(body: str, has_instructions: bool) -> dict:
     return doc
 
 
+def uncached(block: dict) -> dict:
+    """The block without its breakpoint (checked to be the documented one, last)."""
+    if "cache_control" not in block:
+        return block
+    assert list(block)[-1] == "cache_control" and block["cache_control"] == CACHED
+    return {key: value for key, value in block.items() if key != "cache_control"}
+
+
+def breakpoints(doc: dict) -> list[int]:
+    """The blocks with a breakpoint, as indices into system blocks + message blocks."""
+    blocks = doc["system"] + [block for message in doc["messages"] for block in message["content"]]
+    return [n for n, block in enumerate(blocks) if "cache_control" in block]
+
+
 def check_anthropic(body: str, static_blocks: int) -> dict:
-    """A Messages body: keys in cache-prefix order, tools by name, non-blank text everywhere, a
-    breakpoint on the last static block only, roles alternating from user, and the tool_results
-    first in each user message, answering exactly the tool_uses of the message before it."""
+    """A Messages body: keys in cache-prefix order, tools by name, non-blank text everywhere,
+    breakpoints on the last static and the last per-task block and at most 4 in all, roles
+    alternating from user, and the tool_results first in each user message, answering exactly
+    the tool_uses of the message before it."""
     doc = json.loads(body)
     assert list(doc) == ANTHROPIC_KEYS
     names = [tool["name"] for tool in doc["tools"]]
     assert names == sorted(names) and len(set(names)) == len(names)
     assert all(list(tool) == ["name", "description", "input_schema"] for tool in doc["tools"])
+    assert len(breakpoints(doc)) <= MAX_BREAKPOINTS
+    last = len(doc["system"]) - 1
     for position, block in enumerate(doc["system"]):
         assert block["type"] == "text" and block["text"].strip()
-        if position == static_blocks - 1:
-            assert list(block) == ["type", "text", "cache_control"] and block["cache_control"] == {"type": "ephemeral"}
+        if position in (static_blocks - 1, last):
+            assert list(block) == ["type", "text", "cache_control"] and block["cache_control"] == CACHED
         else:
             assert list(block) == ["type", "text"]
     messages = doc["messages"]
@@ -117,7 +141,7 @@ def check_anthropic(body: str, static_blocks: int) -> dict:
     for position, message in enumerate(messages):
         assert list(message) == ["role", "content"]
         assert message["role"] == ("user" if position % 2 == 0 else "assistant")
-        content = message["content"]
+        content = [uncached(block) for block in message["content"]]
         assert content, "no empty message"
         for block in content:
             if block["type"] == "text":
@@ -427,7 +451,8 @@ def test_anthropic_body_is_exactly_the_documented_one() -> None:
              "input_schema": {"properties": {"q": {"type": "string"}}, "type": "object"}}],
         "system": [text("You are careful."),
                    {"type": "text", "text": "Skills: refunds, search.", "cache_control": {"type": "ephemeral"}},
-                   text("Answer the refund question."), text("Refunds take 5 days.")],
+                   text("Answer the refund question."),
+                   {"type": "text", "text": "Refunds take 5 days.", "cache_control": {"type": "ephemeral"}}],
         "messages": [
             {"role": "user", "content": [text("Earlier: the user asked about refunds."), text(TRICKY)]},
             {"role": "assistant", "content": [
@@ -488,17 +513,17 @@ def test_no_static_sections_no_tools_and_no_history() -> None:
     anthropic = render_anthropic([], static=[], task=[], tools=[])
     assert anthropic == {"tools": [], "system": [],
                          "messages": [{"role": "user", "content": [{"type": "text", "text": NO_MESSAGES}]}]}
-    # Per-task blocks alone carry no breakpoint; blank sections are left out.
+    # Without static blocks the last per-task block still carries one; blank sections are left out.
     anthropic = render_anthropic([], static=[TextSection("system_prompt", "static", "  ")], task=TASK)
     assert [b["text"] for b in anthropic["system"]] == [s.text for s in TASK]
-    assert all("cache_control" not in b for b in anthropic["system"])
+    assert ["cache_control" in b for b in anthropic["system"]] == [False, True]
     assert "instructions" not in render_openai([], static=[TextSection("system_prompt", "static", "")])
 
 
 def test_the_breakpoint_is_on_the_last_non_blank_static_block() -> None:
     static = STATIC + [TextSection("agents", "static", "\n")]
     doc = render_anthropic([], static=static)
-    assert [b.get("cache_control") for b in doc["system"]] == [None, {"type": "ephemeral"}, None, None]
+    assert [b.get("cache_control") for b in doc["system"]] == [None, CACHED, None, CACHED]  # static, per-task
 
 
 def test_texts_survive_byte_for_byte() -> None:

@@ -152,19 +152,27 @@ def test_compaction_is_signalled_and_its_candidates_are_accepted(make_transcript
         signals.append(window.compaction)
     assert not signals[0].due and signals[-1].due  # 8 turns > 5 turns' worth
     due = signals[-1]
-    # The oldest half of what may be summarised (turns 7-8 are the verbatim floor), groups whole.
-    assert due.candidate_ids == ("u1", "c1", "r1", "u2", "c2", "r2", "u3", "c3", "r3")
-    assert due.tokens_before == 3 * turn_tokens
+    # All that may be summarised, in one step (turns 7-8 are the verbatim floor), groups whole.
+    assert due.candidate_ids == tuple(f"{kind}{turn}" for turn in range(1, 7) for kind in "ucr")
+    assert due.tokens_before == 6 * turn_tokens
     summary, _, _ = transcripts.record_summary(TENANT, "run", SummaryRequest(9, due.candidate_ids, "s" * 20, ""))
-    assert summary.tokens_before == 3 * turn_tokens
+    assert summary.tokens_before == 6 * turn_tokens
     window, _ = assemble(transcripts, TENANT, "run", 9, [event("u9", 9)])
-    assert window.event_ids[0] == summary.ref and window.token_count == 20 + 5 * turn_tokens + 10
-    # Still due (5 turns and u9 unsummarised), and the candidates now start where the summary ended.
-    assert window.compaction.candidate_ids[:3] == ("u4", "c4", "r4")
+    assert window.event_ids[0] == summary.ref and window.token_count == 20 + 2 * turn_tokens + 10
+    # Not due again until a trigger's worth (5 turns) of transcript came after the summary; then
+    # the candidates start where the summary ended.
+    assert not window.compaction.due
+    for turn in range(10, 15):
+        window, _ = assemble(transcripts, TENANT, "run", turn, [
+            event(f"u{turn}", turn), event(f"c{turn}", turn, type="tool_call", call_id=f"k{turn}"),
+            event(f"r{turn}", turn, role="tool", type="tool_result", call_id=f"k{turn}")])
+        assert window.compaction.due == (turn == 14), turn  # u9 and turns 10-14 pass 5 turns' worth
+    assert window.compaction.candidate_ids[:4] == ("u7", "c7", "r7", "u8")
 
 
 def test_the_built_in_summariser_keeps_a_long_run_in_budget(make_transcripts, counters) -> None:
-    transcripts = make_transcripts(transcript_token_budget=300, keep_last_turns=2, summariser="extractive")
+    transcripts = make_transcripts(transcript_token_budget=300, keep_last_turns=2, summariser="extractive",
+                                   window_policy="max_fill")
     transcripts.open_run(TENANT, "run", token_counter="o200k_base", summarization=True)
     count = counters.get("o200k_base").count
     for turn in range(1, 41):

@@ -144,8 +144,9 @@ def test_list_events_pages(make_transcripts) -> None:
 # -- the window -----------------------------------------------------------------------------
 
 def check_window(window: TranscriptWindow, sent: list[NewEvent], counter, budget: int,
-                 max_events: int = 0) -> None:
-    """Every rule of the window, against what the test itself sent and an independent recount."""
+                 max_events: int = 0, max_fill: bool = True) -> None:
+    """Every rule of the window, against what the test itself sent and an independent recount;
+    ``max_fill``: the run's window_policy is "max_fill", so the window is also as full as it can be."""
     prefix = [e for e in sent if e.iteration <= window.iteration]
     entries = window.entries()
     seqs = [entry.event.seq for entry in entries]
@@ -166,7 +167,7 @@ def check_window(window: TranscriptWindow, sent: list[NewEvent], counter, budget
         members = {e.event_id for e in prefix if e.call_id == call_id}
         assert members <= inside or not members & inside, f"group {call_id} split"
     clipped = any(entry.clipped_from_tokens for entry in entries)
-    if not clipped and window.omitted_events:
+    if max_fill and not clipped and window.omitted_events:
         # Maximal: the next older event (with its group) would not have fit.
         older = prefix[window.omitted_events - 1]
         extra = counter(older.content)
@@ -204,7 +205,7 @@ def random_turns(rng: random.Random, turns: int) -> list[NewEvent]:
 def test_window_rules_hold_every_turn(make_transcripts, counters, counter_name: str) -> None:
     rng = random.Random(counter_name)
     budget = 700
-    transcripts = make_transcripts(transcript_token_budget=budget)
+    transcripts = make_transcripts(transcript_token_budget=budget, window_policy="max_fill")
     transcripts.open_run(TENANT, "run", token_counter=counter_name)
     count = counters.get(counter_name).count
     sent = random_turns(rng, 60)
@@ -226,7 +227,7 @@ def test_window_rules_hold_every_turn(make_transcripts, counters, counter_name: 
 
 
 def test_event_count_bound_is_applied_when_tighter(make_transcripts, counters) -> None:
-    transcripts = make_transcripts(transcript_token_budget=10_000)
+    transcripts = make_transcripts(transcript_token_budget=10_000, window_policy="max_fill")
     transcripts.open_run(TENANT, "run", token_counter="chars", transcript_window=3)
     sent = [event(f"e{i}", i + 1, "text") for i in range(10)]
     transcripts.append_events(TENANT, "run", sent)
@@ -236,7 +237,7 @@ def test_event_count_bound_is_applied_when_tighter(make_transcripts, counters) -
 
 
 def test_max_transcript_tokens_only_tightens(make_transcripts) -> None:
-    transcripts = make_transcripts(token_counter="chars", transcript_token_budget=100)
+    transcripts = make_transcripts(token_counter="chars", transcript_token_budget=100, window_policy="max_fill")
     transcripts.append_events(TENANT, "run", [event(f"e{i}", i + 1, "x" * 10) for i in range(20)])
     assert assemble(transcripts, TENANT, "run", 20, max_transcript_tokens=35)[0].token_count == 30
     loose, _ = assemble(transcripts, TENANT, "run", 20, max_transcript_tokens=10_000)
@@ -264,9 +265,13 @@ def test_an_oversized_active_turn_is_clipped_deterministically(make_transcripts,
     assert [e.text for e in again.entries()] == [e.text for e in window.entries()]
     seam = transcripts.transcript_window(TENANT, "run", 2)
     assert [e.text for e in seam.entries()] == [e.text for e in window.entries()]
-    # The next turn no longer holds the oversized event in its active turn: it leaves whole.
+    # An event clipped in its own turn stays clipped on later turns (at most half the budget), so
+    # it does not come back whole, fail to fit and push the rest of the window out.
     later, _ = assemble(transcripts, TENANT, "run", 3, [event("next", 3, "next question")])
-    assert later.event_ids == ["note", "next"]
+    assert later.event_ids == ["call", "result", "note", "next"]
+    kept = {e.event.event_id: e for e in later.entries()}["result"]
+    assert "tokens elided" in kept.text and kept.tokens == count(kept.text) <= 150
+    assert later.token_count == sum(count(e.text) for e in later.entries()) <= 300
 
 
 def test_a_host_defined_turn_over_budget_fails_and_writes_nothing(make_transcripts) -> None:
@@ -311,7 +316,7 @@ def test_tenants_do_not_see_each_other(make_transcripts) -> None:
 
 def test_windows_span_many_chunks(make_transcripts, counters) -> None:
     # Tiny events and a large budget: the window reaches back over several count chunks.
-    transcripts = make_transcripts(token_counter="chars", transcript_token_budget=3000)
+    transcripts = make_transcripts(token_counter="chars", transcript_token_budget=3000, window_policy="max_fill")
     sent = [event(f"e{i}", i // 10 + 1, "ab") for i in range(2600)]
     for start in range(0, len(sent), 500):
         transcripts.append_events(TENANT, "run", sent[start:start + 500])

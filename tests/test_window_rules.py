@@ -109,7 +109,7 @@ def test_an_active_turn_over_the_budget_is_clipped_fairly_with_the_marker(start_
 
 def test_omitted_and_summarized_events_are_counted_apart(start_server) -> None:
     stub = start_server(token_counter="chars", transcript_token_budget=1000, keep_last_turns=2,
-                        summarization=True).stub
+                        summarization=True, window_policy="max_fill").stub
     for turn in range(1, 11):
         stub.AssembleContext(pb.AssembleContextRequest(run_id="run", iteration=turn, append_events=[
             ev(f"u{turn}", content="x" * 10), ev(f"a{turn}", role="assistant", content="y" * 10)]))

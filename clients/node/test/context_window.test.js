@@ -174,9 +174,14 @@ describe('the context window over gRPC (Node.js client)', () => {
     const anthropic = JSON.parse((await client.assembleContext({ run_id: RUN_ID, iteration: TURNS,
       render: 'anthropic_messages' })).rendered);
     assert.deepEqual(Object.keys(anthropic), ['tools', 'system', 'messages']);
+    // Breakpoints: the last static block, the last per-task block, at most 4 in all.
     const cached = anthropic.system.filter((b) => b.cache_control);
-    assert.equal(cached.length, 1);
+    const perTask = plain.sections.filter((s) => s.stability === 'per_task');
+    assert.equal(cached.length, perTask.length ? 2 : 1);
     assert.equal(cached[0].text, plain.sections.filter((s) => s.stability === 'static').at(-1).text);
+    if (perTask.length) assert.equal(cached[1].text, perTask.at(-1).text);
+    const inMessages = anthropic.messages.flatMap((m) => m.content).filter((b) => b.cache_control);
+    assert.ok(cached.length + inMessages.length <= 4, 'at most 4 breakpoints');
     assert.equal(anthropic.messages[0].role, 'user');
     anthropic.messages.forEach((message, k) => {
       if (k > 0) assert.notEqual(message.role, anthropic.messages[k - 1].role, 'roles alternate');

@@ -31,8 +31,9 @@ const PAYLOAD_FIELDS = ['iteration', 'replacedTurns', 'summaryRef', 'tokenCounte
 const { TOOL_WORDS, codePoints, fedText, textGenerator } = require('./text');
 const sum = (values) => values.reduce((s, v) => s + v, 0);
 
+// The window policy is "max_fill" here: these rules hold that the window is as full as it can be.
 const sidecarFlags = () => ['--token-counter', 'chars', '--transcript-token-budget', String(BUDGET),
-  '--keep-last-turns', String(KEEP_LAST_TURNS), '--summarization'];
+  '--keep-last-turns', String(KEEP_LAST_TURNS), '--summarization', '--window-policy', 'max_fill'];
 
 // --- deterministic content (the generator of transcript.test.js, smaller turns) -----------
 
@@ -205,13 +206,20 @@ async function checkWindow(client, rec, resp, iteration) {
     assert.ok(kept === 0 || kept === members.length, `${where}: call ${callId} is whole or out`);
   }
 
-  // Compaction: due once the unsummarised transcript exceeds the fraction of the budget; the
-  // candidates are the oldest unsummarised events, in order, outside the keep_last_turns floor
-  // and the active turn, tool calls with their results.
+  // Compaction: due once the transcript exceeds the fraction of the budget (before any summary,
+  // all of it; after one, only what was appended since that summary), and only when something
+  // may be summarised; the candidates are the oldest unsummarised events, in order, outside the
+  // keep_last_turns floor and the active turn, tool calls with their results.
   const { compaction } = resp;
-  const unsummarised = sum(prefix.slice(floor).map((e) => codePoints(e.content)));
-  assert.equal(compaction.due, unsummarised > COMPACTION_FRACTION * BUDGET,
-    `${where}: compaction.due with ${unsummarised} unsummarised tokens`);
+  const top = stack.at(-1);
+  const counted = top ? prefix.filter((e) => e.seq > top.seq) : prefix.slice(floor);
+  const grown = sum(counted.map((e) => codePoints(e.content)));
+  const summarisable = prefix.slice(floor).some((e) => e.iteration <= iteration - KEEP_LAST_TURNS);
+  if (grown <= COMPACTION_FRACTION * BUDGET) {
+    assert.equal(compaction.due, false, `${where}: not due with ${grown} tokens since the last summary`);
+  } else if (summarisable) {
+    assert.equal(compaction.due, true, `${where}: due with ${grown} tokens since the last summary`);
+  }
   const candidates = compaction.candidate_event_ids;
   if (!compaction.due) assert.deepEqual(candidates, [], `${where}: no candidates when not due`);
   assert.deepEqual(candidates, prefix.slice(floor, floor + candidates.length).map((e) => e.event_id),

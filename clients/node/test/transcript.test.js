@@ -27,7 +27,11 @@ const utf8Bytes = (text) => Buffer.byteLength(text, 'utf8');
 
 // --- the sidecar process ------------------------------------------------------------------
 
-const sidecarFlags = () => ['--token-counter', 'chars', '--transcript-token-budget', String(BUDGET)];
+// The window policy is "max_fill" here: these rules hold that the window is as full as it can be.
+const sidecarFlags = () => ['--token-counter', 'chars', '--transcript-token-budget', String(BUDGET),
+  // The window rules over the host's own events, as max_fill chose them: tool-result clearing
+  // (its own log entries and placeholders) is tested in the Python suite and in cache.test.js.
+  '--window-policy', 'max_fill', '--no-clearing-enabled'];
 
 // --- deterministic content ----------------------------------------------------------------
 

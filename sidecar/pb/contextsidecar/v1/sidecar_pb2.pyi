@@ -186,7 +186,7 @@ class WindowEntry(_message.Message):
     def __init__(self, event_id: _Optional[str] = ..., seq: _Optional[int] = ..., iteration: _Optional[int] = ..., role: _Optional[str] = ..., type: _Optional[str] = ..., call_id: _Optional[str] = ..., text: _Optional[str] = ..., tokens: _Optional[int] = ..., clipped_from_tokens: _Optional[int] = ..., tool_name: _Optional[str] = ...) -> None: ...
 
 class AssembleContextResponse(_message.Message):
-    __slots__ = ("run_id", "iteration", "token_counter", "token_budget", "token_count", "entries", "event_ids", "omitted_events", "appended", "compaction", "sections", "prefix_sha256", "prefix_changed", "window_tokens", "tools_tokens", "turn_limit_tokens", "task_id", "rendered", "summarized_events")
+    __slots__ = ("run_id", "iteration", "token_counter", "token_budget", "token_count", "entries", "event_ids", "omitted_events", "appended", "compaction", "sections", "prefix_sha256", "prefix_changed", "window_tokens", "tools_tokens", "turn_limit_tokens", "task_id", "rendered", "summarized_events", "cache")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     ITERATION_FIELD_NUMBER: _ClassVar[int]
     TOKEN_COUNTER_FIELD_NUMBER: _ClassVar[int]
@@ -206,6 +206,7 @@ class AssembleContextResponse(_message.Message):
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     RENDERED_FIELD_NUMBER: _ClassVar[int]
     SUMMARIZED_EVENTS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     iteration: int
     token_counter: str
@@ -225,7 +226,18 @@ class AssembleContextResponse(_message.Message):
     task_id: str
     rendered: str
     summarized_events: int
-    def __init__(self, run_id: _Optional[str] = ..., iteration: _Optional[int] = ..., token_counter: _Optional[str] = ..., token_budget: _Optional[int] = ..., token_count: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[WindowEntry, _Mapping]]] = ..., event_ids: _Optional[_Iterable[str]] = ..., omitted_events: _Optional[int] = ..., appended: _Optional[_Iterable[_Union[AppendResult, _Mapping]]] = ..., compaction: _Optional[_Union[Compaction, _Mapping]] = ..., sections: _Optional[_Iterable[_Union[Section, _Mapping]]] = ..., prefix_sha256: _Optional[str] = ..., prefix_changed: _Optional[_Iterable[str]] = ..., window_tokens: _Optional[int] = ..., tools_tokens: _Optional[int] = ..., turn_limit_tokens: _Optional[int] = ..., task_id: _Optional[str] = ..., rendered: _Optional[str] = ..., summarized_events: _Optional[int] = ...) -> None: ...
+    cache: CacheReport
+    def __init__(self, run_id: _Optional[str] = ..., iteration: _Optional[int] = ..., token_counter: _Optional[str] = ..., token_budget: _Optional[int] = ..., token_count: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[WindowEntry, _Mapping]]] = ..., event_ids: _Optional[_Iterable[str]] = ..., omitted_events: _Optional[int] = ..., appended: _Optional[_Iterable[_Union[AppendResult, _Mapping]]] = ..., compaction: _Optional[_Union[Compaction, _Mapping]] = ..., sections: _Optional[_Iterable[_Union[Section, _Mapping]]] = ..., prefix_sha256: _Optional[str] = ..., prefix_changed: _Optional[_Iterable[str]] = ..., window_tokens: _Optional[int] = ..., tools_tokens: _Optional[int] = ..., turn_limit_tokens: _Optional[int] = ..., task_id: _Optional[str] = ..., rendered: _Optional[str] = ..., summarized_events: _Optional[int] = ..., cache: _Optional[_Union[CacheReport, _Mapping]] = ...) -> None: ...
+
+class CacheReport(_message.Message):
+    __slots__ = ("stable_prefix_tokens", "break_at", "break_reason")
+    STABLE_PREFIX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    BREAK_AT_FIELD_NUMBER: _ClassVar[int]
+    BREAK_REASON_FIELD_NUMBER: _ClassVar[int]
+    stable_prefix_tokens: int
+    break_at: int
+    break_reason: str
+    def __init__(self, stable_prefix_tokens: _Optional[int] = ..., break_at: _Optional[int] = ..., break_reason: _Optional[str] = ...) -> None: ...
 
 class Section(_message.Message):
     __slots__ = ("name", "stability", "never_compact", "text", "tokens", "event_ids")
@@ -244,14 +256,16 @@ class Section(_message.Message):
     def __init__(self, name: _Optional[str] = ..., stability: _Optional[str] = ..., never_compact: _Optional[bool] = ..., text: _Optional[str] = ..., tokens: _Optional[int] = ..., event_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Compaction(_message.Message):
-    __slots__ = ("due", "candidate_event_ids", "tokens_before")
+    __slots__ = ("due", "candidate_event_ids", "tokens_before", "reason")
     DUE_FIELD_NUMBER: _ClassVar[int]
     CANDIDATE_EVENT_IDS_FIELD_NUMBER: _ClassVar[int]
     TOKENS_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
     due: bool
     candidate_event_ids: _containers.RepeatedScalarFieldContainer[str]
     tokens_before: int
-    def __init__(self, due: _Optional[bool] = ..., candidate_event_ids: _Optional[_Iterable[str]] = ..., tokens_before: _Optional[int] = ...) -> None: ...
+    reason: str
+    def __init__(self, due: _Optional[bool] = ..., candidate_event_ids: _Optional[_Iterable[str]] = ..., tokens_before: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class SummarizedRange(_message.Message):
     __slots__ = ("summary_ref", "replaced_turns")
@@ -802,21 +816,25 @@ class AgentState(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., history: _Optional[_Iterable[_Union[StoredEvent, _Mapping]]] = ..., history_total: _Optional[int] = ..., running_summary: _Optional[_Iterable[_Union[SummaryInForce, _Mapping]]] = ..., task: _Optional[_Union[Task, _Mapping]] = ..., loaded_skills: _Optional[_Iterable[_Union[LoadedSkill, _Mapping]]] = ..., last_usage: _Optional[_Union[Usage, _Mapping]] = ..., data_json: _Optional[str] = ..., profile: _Optional[_Union[Profile, _Mapping]] = ...) -> None: ...
 
 class RecordUsageRequest(_message.Message):
-    __slots__ = ("run_id", "iteration", "input_tokens", "cached_tokens", "output_tokens")
+    __slots__ = ("run_id", "iteration", "input_tokens", "cached_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     ITERATION_FIELD_NUMBER: _ClassVar[int]
     INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_READ_INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_CREATION_INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     iteration: int
     input_tokens: int
     cached_tokens: int
     output_tokens: int
-    def __init__(self, run_id: _Optional[str] = ..., iteration: _Optional[int] = ..., input_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ...) -> None: ...
+    cache_read_input_tokens: int
+    cache_creation_input_tokens: int
+    def __init__(self, run_id: _Optional[str] = ..., iteration: _Optional[int] = ..., input_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., cache_read_input_tokens: _Optional[int] = ..., cache_creation_input_tokens: _Optional[int] = ...) -> None: ...
 
 class Usage(_message.Message):
-    __slots__ = ("iteration", "input_tokens", "cached_tokens", "output_tokens", "fed_tokens", "drift_tokens", "recorded_at")
+    __slots__ = ("iteration", "input_tokens", "cached_tokens", "output_tokens", "fed_tokens", "drift_tokens", "recorded_at", "cache_read_input_tokens", "cache_creation_input_tokens", "predicted_cached_tokens", "reported_cached_tokens")
     ITERATION_FIELD_NUMBER: _ClassVar[int]
     INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -824,6 +842,10 @@ class Usage(_message.Message):
     FED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DRIFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     RECORDED_AT_FIELD_NUMBER: _ClassVar[int]
+    CACHE_READ_INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_CREATION_INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REPORTED_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     iteration: int
     input_tokens: int
     cached_tokens: int
@@ -831,7 +853,11 @@ class Usage(_message.Message):
     fed_tokens: int
     drift_tokens: int
     recorded_at: _timestamp_pb2.Timestamp
-    def __init__(self, iteration: _Optional[int] = ..., input_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., fed_tokens: _Optional[int] = ..., drift_tokens: _Optional[int] = ..., recorded_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    cache_read_input_tokens: int
+    cache_creation_input_tokens: int
+    predicted_cached_tokens: int
+    reported_cached_tokens: int
+    def __init__(self, iteration: _Optional[int] = ..., input_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., fed_tokens: _Optional[int] = ..., drift_tokens: _Optional[int] = ..., recorded_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cache_read_input_tokens: _Optional[int] = ..., cache_creation_input_tokens: _Optional[int] = ..., predicted_cached_tokens: _Optional[int] = ..., reported_cached_tokens: _Optional[int] = ...) -> None: ...
 
 class ListCompactionRecordsRequest(_message.Message):
     __slots__ = ("run_id", "from_index", "limit")
@@ -844,7 +870,7 @@ class ListCompactionRecordsRequest(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., from_index: _Optional[int] = ..., limit: _Optional[int] = ...) -> None: ...
 
 class CompactionRecord(_message.Message):
-    __slots__ = ("index", "task_id", "iteration", "removed_event_ids", "summary_ref", "tokens_before", "tokens_after", "recorded_at", "summarised_by", "seq")
+    __slots__ = ("index", "task_id", "iteration", "removed_event_ids", "summary_ref", "tokens_before", "tokens_after", "recorded_at", "summarised_by", "seq", "kind")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     ITERATION_FIELD_NUMBER: _ClassVar[int]
@@ -855,6 +881,7 @@ class CompactionRecord(_message.Message):
     RECORDED_AT_FIELD_NUMBER: _ClassVar[int]
     SUMMARISED_BY_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
     index: int
     task_id: str
     iteration: int
@@ -865,7 +892,8 @@ class CompactionRecord(_message.Message):
     recorded_at: _timestamp_pb2.Timestamp
     summarised_by: str
     seq: int
-    def __init__(self, index: _Optional[int] = ..., task_id: _Optional[str] = ..., iteration: _Optional[int] = ..., removed_event_ids: _Optional[_Iterable[str]] = ..., summary_ref: _Optional[str] = ..., tokens_before: _Optional[int] = ..., tokens_after: _Optional[int] = ..., recorded_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., summarised_by: _Optional[str] = ..., seq: _Optional[int] = ...) -> None: ...
+    kind: str
+    def __init__(self, index: _Optional[int] = ..., task_id: _Optional[str] = ..., iteration: _Optional[int] = ..., removed_event_ids: _Optional[_Iterable[str]] = ..., summary_ref: _Optional[str] = ..., tokens_before: _Optional[int] = ..., tokens_after: _Optional[int] = ..., recorded_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., summarised_by: _Optional[str] = ..., seq: _Optional[int] = ..., kind: _Optional[str] = ...) -> None: ...
 
 class ListCompactionRecordsResponse(_message.Message):
     __slots__ = ("records", "next_from_index")
