@@ -7,7 +7,9 @@ results (answered calls, outside the active turn, not among the newest ``keep_re
 excluded tool) are fed as a short fixed placeholder, oldest first, until at least
 ``clear_at_least_tokens`` are freed (and the transcript is back under the trigger). Fewer
 freeable tokens than that: nothing is cleared, since each clearing breaks the provider's cache
-from the first cleared result on, and small steps would break it every turn.
+from the first cleared result on, and small steps would break it every turn; except when the
+transcript would pass the budget and clearing all it may averts that (in a run without
+summaries): the window's start would move, a break at its first entry, which re-bills more.
 
 *Clipping*: an event clipped in its own turn (the active turn alone over the budget) keeps the
 clipped form it was fed then on every later turn; fed whole again it would not fit, and the
@@ -29,6 +31,7 @@ and a count.
 
 from __future__ import annotations
 
+import functools
 import json
 import struct
 from dataclasses import dataclass, replace
@@ -67,11 +70,39 @@ def _form_key(key: bytes, seq: int, made_at: int) -> bytes:
     return key + be32(seq) + be32(made_at)
 
 
+_MEMOISED_FORM_BYTES = 4096  # a placeholder's form is ~250 bytes; a clip's can be half the budget
+
+
 def _parse(key: bytes, stored_key: bytes, value: bytes) -> FedForm:
     suffix = stored_key[len(key):]
+    return _small_form(suffix, value) if len(value) <= _MEMOISED_FORM_BYTES else _form_of(suffix, value)
+
+
+def _form_of(suffix: bytes, value: bytes) -> FedForm:
     fields = load_json(value)
     return FedForm(int.from_bytes(suffix[:4], "big"), int.from_bytes(suffix[4:8], "big"), fields["kind"],
                    fields["text"], fields["tokens"], fields["original_tokens"])
+
+
+# Every turn reads the forms of its whole window (a cleared run's window is mostly placeholders),
+# and a stored form is a pure function of its bytes: the parse of the small ones is memoised by
+# them, never stale whatever is deleted, forked or written again under the same key.
+_small_form = functools.lru_cache(maxsize=16384)(_form_of)
+
+_last_window_record: tuple[bytes, dict] | None = None
+
+
+def window_record(stored: bytes) -> dict:
+    """A persisted window record, parsed, to be read and never changed: an assembly reads the
+    previous window's record at four stages (kept clips, clearing, the window's start, the cache
+    report), so the last one parsed is kept with its bytes and given again for equal bytes."""
+    global _last_window_record
+    last = _last_window_record
+    if last is not None and last[0] == stored:
+        return last[1]
+    record = load_json(stored)
+    _last_window_record = (stored, record)  # one slot, replaced whole: safe across threads
+    return record
 
 
 def current_forms(txn: lmdb.Transaction, db: dict, key: bytes, start: int, end: int) -> dict[int, FedForm]:
@@ -93,9 +124,19 @@ def forms_listed(txn: lmdb.Transaction, db: dict, key: bytes, listed: list[list[
     return [_parse(key, stored_key, value) for stored_key, value in found]
 
 
+# A tool's own output is always fed fenced (sidecar.untrusted), so no fed result but a
+# placeholder starts with this.
+PLACEHOLDER_OPENING = "[tool result cleared to save context: "
+
+
 def placeholder(tool_name: str, call_id: str, tokens: int) -> str:
-    return (f"[tool result cleared to save context: tool {tool_name or 'unknown'}, call_id {json.dumps(call_id)}, "
+    return (f"{PLACEHOLDER_OPENING}tool {tool_name or 'unknown'}, call_id {json.dumps(call_id)}, "
             f"{tokens} tokens; call the tool again if it is needed]")
+
+
+def may_be_cleared(role: str, text: str) -> bool:
+    """Whether an entry fed as ``text`` is a tool result a later clearing could still change."""
+    return role == "tool" and not text.startswith(PLACEHOLDER_OPENING)
 
 
 def before_plan(deps: Deps, settings: ClearingSettings, writer: LogWriter, iteration: int, budget: int) -> bool:
@@ -125,7 +166,7 @@ def _keep_clips(deps: Deps, writer: LogWriter, iteration: int, budget: int) -> b
     if iteration <= run.last_assembled or not run.last_assembled:
         return False
     stored = txn.get(key + be32(run.last_assembled), db=db["windows"])
-    clipped = load_json(stored)["clipped"] if stored is not None else []
+    clipped = window_record(stored)["clipped"] if stored is not None else []
     if not clipped:
         return False
     # No log entry: the clips are in the window record, which a fork carries or makes again.
@@ -150,7 +191,7 @@ def _clear(deps: Deps, settings: ClearingSettings, writer: LogWriter, iteration:
     if last is not None:
         # What would be fed if the window's start stayed where it was last fed: only results
         # there cost anything, so only they are worth clearing.
-        start = max(start, load_json(last)["start"])
+        start = max(start, window_record(last)["start"])
     counts = read_counts(txn, db, key, start, end)
     records = list(_COUNT.iter_unpack(counts))
     fed = sum(tokens for tokens, _, group_first in records if group_first != fastcore.NOT_A_UNIT)
@@ -162,15 +203,15 @@ def _clear(deps: Deps, settings: ClearingSettings, writer: LogWriter, iteration:
                 if group_first != fastcore.NOT_A_UNIT and group_first < start + i]
     results = []
     for seq in answered:
-        event = decode_event(txn.get(key + be32(seq), db=db["events"]))
-        if event.role == "tool":
-            results.append(event)
+        record = decode_event(txn.get(key + be32(seq), db=db["events"]))
+        if record.role == "tool":
+            results.append(record)
     clearable = results[:max(len(results) - settings.keep_recent, 0)]
     if not clearable:
         return False
     forms = current_forms(txn, db, key, clearable[0].seq, clearable[-1].seq + 1)
     counter = deps.counters.get(run.settings.token_counter)
-    step = settings.clear_at_least_tokens or budget // 4
+    step = settings.clear_at_least_tokens or budget // 2
     target = max(step, fed - int(trigger))
     freed, changes = 0, []
     for event in clearable:
@@ -188,7 +229,10 @@ def _clear(deps: Deps, settings: ClearingSettings, writer: LogWriter, iteration:
         changes.append((event, text, tokens))
         if freed >= target:
             break
-    if freed < step:
+    # A smaller step only instead of a move of the window's start, which would break the cache at
+    # its first entry, before any result (a summarising run moves its start by summaries).
+    averts_a_move = not run.settings.summarization and fed - freed <= budget < fed
+    if not changes or (freed < step and not averts_a_move):
         return False
     _record(writer, CLEARED_TYPE, "cleared", iteration, changes)
     return True

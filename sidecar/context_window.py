@@ -16,14 +16,16 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Sequence
 
+from sidecar.clearing import may_be_cleared
 from sidecar.errors import TokenBudgetExceeded, ValidationError
 from sidecar.policy import KeepInput, Policy, SectionTokens
 from sidecar.profiles import STATIC_PARTS, CountedSection, PreparedProfile, PreparedTask, prefix, statics
 from sidecar.records import StoredEvent, decode_event
-from sidecar.rendering import (AnthropicStatic, HistoryItem, OpenAIStatic, Part, TextSection, anthropic_messages,
-                               anthropic_parts, digest, is_blank, item_key, openai_parts, openai_responses, quote,
-                               task_part, task_part_names)
+from sidecar.rendering import (ANTHROPIC_MAX_BREAKPOINTS, AnthropicStatic, HistoryItem, OpenAIStatic, Part, TextSection,
+                               anthropic_first_block, anthropic_messages, anthropic_parts, anthropic_rolling, digest,
+                               is_blank, item_key, openai_parts, openai_responses, quote, task_part, task_part_names)
 from sidecar.window import TranscriptWindow
 
 RENDERINGS = ("openai_responses", "anthropic_messages")
@@ -145,35 +147,41 @@ def sections(plan: Layout, window: TranscriptWindow, with_text: bool = True) -> 
 class HistoryCache:
     """The window's entries as renderings take them, each with its text already quoted as JSON,
     by (run, incarnation, event id): an event never changes, and a turn's window is mostly the
-    previous turn's, so a turn decodes and quotes only what is new. Clipped entries are not kept
-    (their text depends on the window). The oldest go first once it holds ``size``."""
+    previous turn's, so a turn decodes and quotes only what is new. An entry fed in another form
+    (cleared, clipped) is kept by that form too (its text and count): a cleared result is fed
+    as the same placeholder on every later turn, and a cleared run's window is mostly those.
+    The oldest go first once it holds ``size``."""
 
     def __init__(self, size: int = 20_000) -> None:
         self._items: OrderedDict[tuple, HistoryItem] = OrderedDict()
         self._lock = threading.Lock()
         self._size = size
 
-    def items(self, window: TranscriptWindow, run: tuple) -> list[HistoryItem]:
+    def items(self, window: TranscriptWindow, run: tuple) -> tuple[HistoryItem, ...]:
+        """The window's entries as items: a tuple, which the renderings split into turns once
+        for the whole request (see rendering._turns)."""
         found = self._items
-        history = []
-        for position, event_id in enumerate(window.event_ids):
-            clipped = position in window.clips
-            item = None if clipped else found.get((run, event_id))
-            if item is None:
-                event, text, tokens = entry_at(window, position)
-                item = HistoryItem(event.event_id, event.role, event.type, text, event.call_id, event.tool_name,
-                                   quote(text), item_key(event.role, event.type, text, event.call_id, event.tool_name),
-                                   tokens)
-                if not clipped:
+        keys = [(run, event_id) for event_id in window.event_ids]
+        for position, clip in window.clips.items():
+            keys[position] = (run, keys[position][1], clip.text, clip.tokens)
+        history = list(map(found.get, keys))  # the whole window in C; most entries are known
+        if not all(history):
+            for position, item in enumerate(history):
+                if item is None:
+                    event, text, tokens = entry_at(window, position)
+                    item = HistoryItem(event.event_id, event.role, event.type, text, event.call_id, event.tool_name,
+                                       quote(text),
+                                       item_key(event.role, event.type, text, event.call_id, event.tool_name), tokens)
                     with self._lock:
-                        found[(run, event_id)] = item
+                        found[keys[position]] = item
                         if len(found) > self._size:
                             found.popitem(last=False)
-            history.append(item)
-        return history
+                    history[position] = item
+        return tuple(history)
 
 
-def render(kind: str, plan: Layout, history: list[HistoryItem], cache: dict, prompt_cache_retention: str = "") -> str:
+def render(kind: str, plan: Layout, history: Sequence[HistoryItem], cache: dict,
+           prompt_cache_retention: str = "") -> str:
     """The provider request body for the window (JSON); ``history`` is its entries as items,
     ``cache`` the request's cache state (:func:`cache_state`: where Anthropic's rolling
     breakpoints go)."""
@@ -195,7 +203,7 @@ class CacheReport:
     break_reason: str  # why it differs ("" when the previous request is all repeated); see the proto
 
 
-def request_parts(form: str, plan: Layout, history: list[HistoryItem]) -> tuple[list[Part], int]:
+def request_parts(form: str, plan: Layout, history: Sequence[HistoryItem]) -> tuple[list[Part], int]:
     """The request as parts (see sidecar.rendering), and the index of its first history part:
     the static prefix (the static sections and the tools; for OpenAI also the prompt cache key,
     which routes the request to a cache), each per-task section, then the history: the window's
@@ -215,14 +223,13 @@ def request_parts(form: str, plan: Layout, history: list[HistoryItem]) -> tuple[
     return parts, start
 
 
-def cache_state(form: str, plan: Layout, window: TranscriptWindow, history: list[HistoryItem],
+def cache_state(form: str, plan: Layout, window: TranscriptWindow, history: Sequence[HistoryItem],
                 changed: tuple[str, ...], previous: dict | None) -> dict:
     """This request's cache state, to persist with its window (what the next turn compares
     with: each part's key and tokens, Anthropic's breakpoints), and its report against
     ``previous`` (the previous assembly's state; None: there is none)."""
     parts, start = request_parts(form, plan, history)
-    keys = [key for key, _ in parts]
-    tokens = [count for _, count in parts]
+    keys, tokens = (list(column) for column in zip(*parts))  # a request has its prefix part at least
     fed = window.summaries_fed
     first = window.event_ids[fed] if len(window.event_ids) > fed else ""
     altered = sum(1 for position in window.clips if history[position].role == "tool")
@@ -230,16 +237,18 @@ def cache_state(form: str, plan: Layout, window: TranscriptWindow, history: list
     if previous is not None and previous["form"] == form:
         before = previous["keys"]
         limit = min(len(keys), len(before))
+        if keys[:limit] == before[:limit]:  # the common case, compared in C: the whole previous request
+            at = limit
         while at < limit and keys[at] == before[at]:
             at += 1
     rolling: list[int] = []
     if form == "anthropic_messages":
-        # A read breakpoint sits exactly where the previous request wrote one (its last block,
-        # or the one before it when that block changed), so the read never depends on the
-        # provider's 20-block lookback; none when no such block is still identical (a write
-        # there would only cost 1.25x). The write breakpoint goes on the last block.
+        # Where the previous request wrote and this one is still identical, the block before the
+        # first tool result a clearing may change, and the last block: see anthropic_rolling.
         reads = [p for p in (previous["rolling"] if at else ()) if start <= p < at]
-        rolling = sorted({max(reads), len(keys) - 1} if reads else {len(keys) - 1})
+        clearable = anthropic_first_block(history, lambda item: may_be_cleared(item.role, item.text))
+        room = ANTHROPIC_MAX_BREAKPOINTS - plan.anthropic.has_system_blocks - (start > 1)  # static, per-task
+        rolling = anthropic_rolling(len(keys) - 1, reads, start + clearable - 1 if clearable > 0 else -1, room)
     reason = _break_reason(form, previous, keys, at, changed, first, altered)
     return {"form": form, "keys": keys, "tokens": tokens, "history_from": start, "rolling": rolling,
             "first": first, "altered": altered, "report": [sum(tokens[:at]), at, reason]}

@@ -32,12 +32,13 @@ Pure: no I/O, standard library only.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
 from dataclasses import dataclass
 from json.encoder import encode_basestring  # the C encoder: json.dumps(s, ensure_ascii=False) for a str
-from typing import Collection, Sequence
+from typing import Callable, Collection, Sequence
 
 # Fed in place of what is missing, fixed so the same history always renders the same bytes.
 NO_RESULT = "(no result was recorded for this call)"
@@ -193,7 +194,26 @@ class _Turn:
     calls: dict[str, list[HistoryItem]]
 
 
+# The last history split into turns, by identity: a turn's request reads its history several
+# times (the cache report's parts, its breakpoints, the body), and a tuple of frozen items cannot
+# change, so the same tuple splits the same. One slot, replaced whole: safe across threads.
+_last_split: tuple[tuple[HistoryItem, ...], list[_Turn]] | None = None
+
+
 def _turns(history: Sequence[HistoryItem]) -> list[_Turn]:
+    """``history`` as alternating turns (see :func:`_split_turns`); the same tuple as the last
+    call's is split once. The turns are shared: read them, never change them."""
+    global _last_split
+    last = _last_split
+    if last is not None and last[0] is history:
+        return last[1]
+    turns = _split_turns(history)
+    if type(history) is tuple:
+        _last_split = (history, turns)
+    return turns
+
+
+def _split_turns(history: Sequence[HistoryItem]) -> list[_Turn]:
     """``history`` as alternating turns, blank messages dropped, each result that answers a call
     of the assistant turn just before it attached to that call."""
     turns: list[_Turn] = []
@@ -304,7 +324,13 @@ def is_blank(text: str) -> bool:
 
 
 def _output_key(kind: str, call_id: str, results: Sequence[HistoryItem]) -> str:
-    return kind + digest(call_id, *(result.key for result in results))
+    return _results_key(kind, call_id, tuple(result.key for result in results))
+
+
+@functools.lru_cache(maxsize=16384)
+def _results_key(kind: str, call_id: str, keys: tuple[str, ...]) -> str:
+    """A call's results as one part (memoised: a window's calls are the previous turn's)."""
+    return kind + digest(call_id, *keys)
 
 
 def openai_parts(history: Sequence[HistoryItem]) -> list[Part]:
@@ -351,6 +377,50 @@ def anthropic_parts(history: Sequence[HistoryItem]) -> list[Part]:
     return parts
 
 
+def anthropic_first_block(history: Sequence[HistoryItem], wanted: Callable[[HistoryItem], bool]) -> int:
+    """The index, in :func:`anthropic_parts`' order, of the first block holding an item that
+    ``wanted`` accepts (a call's result block holds all the call's results); -1 when none does."""
+    turns = _turns(history)
+    index = 1 if turns and turns[0].assistant else 0  # the fixed first user message
+    owed: list[list[HistoryItem]] = []
+    for turn in turns:
+        blocks = (owed if not turn.assistant else []) + [[item] for _, item in turn.items]
+        for items in blocks:
+            if any(wanted(item) for item in items):
+                return index
+            index += 1
+        owed = list(turn.calls.values()) if turn.assistant else []
+    for results in owed:
+        if any(wanted(item) for item in results):
+            return index
+        index += 1
+    return -1
+
+
+# Anthropic reads a prefix at a breakpoint or at any block boundary up to about 20 blocks before
+# one ("approximately 20", says its documentation) where an earlier request wrote. A read this
+# many blocks before the last block is left to that lookback, with a margin for "about".
+ANTHROPIC_LOOKBACK_RELIED = 15
+ANTHROPIC_MAX_BREAKPOINTS = 4  # in one request; more are refused
+
+
+def anthropic_rolling(last: int, reads: Collection[int], keep: int, room: int) -> list[int]:
+    """The history's breakpoints (indices into the request's parts), at most ``room`` (the four
+    less the system's): the last block (the write, which the next request reads); the newest of
+    ``reads`` (where the previous request wrote and that is still identical) when the lookback
+    from the last block would not reach it; and ``keep``, the block before the first one a
+    clearing may change (-1: none), so that a clearing's request still reads everything before
+    what it cleared: without it, the newest written prefix then is the static one."""
+    chosen = [last]
+    read = max(reads, default=-1)
+    if read >= 0 and last - read > ANTHROPIC_LOOKBACK_RELIED:
+        chosen.append(read)
+    for extra in (keep, read):  # with room to spare, the read is marked even when the lookback reaches it
+        if 0 <= extra < last and extra not in chosen and len(chosen) < room:
+            chosen.append(extra)
+    return sorted(chosen)
+
+
 # Anthropic Messages ------------------------------------------------------------------------------
 
 _TEXT_BLOCK = '{"type":"text","text":'
@@ -372,18 +442,33 @@ def _tool_use_id(call_id: str) -> str:
     return "cs_" + hashlib.sha256(call_id.encode("utf-8")).hexdigest()[:32]
 
 
+_MEMOISED_ARGUMENTS_CHARS = 4096  # longer arguments are checked on each rendering, not kept
+
+
 def _arguments(item: HistoryItem) -> str:
     """The tool call's arguments, checked to be one JSON object, as they are: the text parsed
     as one, so it needs no re-serialisation."""
+    text = item.text
+    problem = _arguments_problem(text) if len(text) <= _MEMOISED_ARGUMENTS_CHARS else _object_problem(text)
+    if problem:
+        raise ValueError(f"tool call {item.event_id!r}: {problem}")
+    return text
+
+
+def _object_problem(text: str) -> str:
+    """Why ``text`` is not one JSON object; "" when it is."""
     try:
         # NaN and Infinity parse in Python but are not JSON, and the text is fed as it is.
-        arguments = json.loads(item.text, parse_constant=_reject_constant)
+        arguments = json.loads(text, parse_constant=_reject_constant)
     except ValueError as error:
-        raise ValueError(f"tool call {item.event_id!r}: its arguments are not a JSON object ({error})") from None
+        return f"its arguments are not a JSON object ({error})"
     if not isinstance(arguments, dict):
-        raise ValueError(f"tool call {item.event_id!r}: its arguments are a JSON {type(arguments).__name__}, "
-                         "not an object")
-    return item.text
+        return f"its arguments are a JSON {type(arguments).__name__}, not an object"
+    return ""
+
+
+# A pure function of the text, memoised: every turn renders again each call its window holds.
+_arguments_problem = functools.lru_cache(maxsize=8192)(_object_problem)
 
 
 def _tool_result(call_id: str, results: list[HistoryItem]) -> str:

@@ -145,8 +145,8 @@ class ClearingSettings:
     keep_recent: int = _option(
         3, "the newest tool results that are never cleared", flag="--clearing-keep-recent", minimum=0)
     clear_at_least_tokens: int = _option(
-        0, "the fewest tokens one clearing frees (none happens when fewer could be): big steps break the "
-        "provider's prompt cache rarely; 0 means a quarter of the transcript budget",
+        0, "the fewest tokens one clearing frees (none happens when fewer could be, unless the transcript would "
+        "pass the budget): big steps break the provider's prompt cache rarely; 0 means half the transcript budget",
         flag="--clearing-clear-at-least-tokens", minimum=0)
     exclude_tools: tuple[str, ...] = _option(
         (), "tools whose results are never cleared (a TOML array; comma-separated in the environment and "

@@ -24,6 +24,7 @@ from sidecar.policy import HistoryEvent, SummariseInput, SummariseResult, Trigge
 from sidecar.profiles import Profile, Task
 from sidecar.records import StoredEvent, decode_event, dump_json, load_json
 from sidecar.redaction import Redactor, redact_json_text
+from sidecar.rendering import HistoryItem
 from sidecar.run_context import RunContexts
 from sidecar.runs import (SIDECAR_ID_PREFIX, Deps, Run, RunSettings, check_given_settings, confirm_settings,
                           default_settings, load_run, require_run, run_key, save_run)
@@ -237,12 +238,14 @@ class Transcripts:
                 if settled or (record is not None and _unchanged(plan(self._deps, txn, key, run, iteration, tighter)[0],
                                                                  record, run)):
                     window = from_record(self._deps, txn, key, run_id, iteration, record)
-                    cache = self._cache_of(txn, key, run, iteration, render, layout, window)
-                    return self._answer(layout, window, render, (key, run.incarnation), cache), []
+                    history = self._history.items(window, (key, run.incarnation))
+                    cache = self._cache_of(txn, key, iteration, render, layout, window, history)
+                    return self._answer(layout, window, render, history, cache), []
         deadline.check("while the events were redacted")
         append = self._appender(key, events, "append_events", deadline)
 
-        def write(txn: lmdb.Transaction) -> tuple[Layout, TranscriptWindow, list[AppendResult], str, dict]:
+        def write(txn: lmdb.Transaction) -> tuple[Layout, TranscriptWindow, list[AppendResult], tuple[HistoryItem, ...],
+                                                  dict]:
             run = load_run(txn, self._db, key)
             if run is None:
                 if not events:
@@ -267,8 +270,9 @@ class Transcripts:
             stored = txn.get(key + be32(iteration), db=self._db["windows"])
             if stored is not None and not refed and _unchanged(chosen, record := load_json(stored), run):
                 window = from_record(self._deps, txn, key, run_id, iteration, record)
-                return (layout, window, appended, run.incarnation,
-                        self._cache_of(txn, key, run, iteration, render, layout, window))
+                history = self._history.items(window, (key, run.incarnation))
+                return (layout, window, appended, history,
+                        self._cache_of(txn, key, iteration, render, layout, window, history))
             due = None
             if run.settings.summarization:
                 due, choice = self._compaction(txn, key, run, iteration, chosen, top, layout)
@@ -294,38 +298,42 @@ class Transcripts:
             if run.fed_prefix != fed_before:
                 save_run(txn, self._db, key, run)
             window = from_record(self._deps, txn, key, run_id, iteration, record)
+            history = self._history.items(window, (key, run.incarnation))
             # What the next turn compares with is persisted with the window (window.context is
             # record["context"]): each part's key and tokens, not its text.
-            cache = record["context"]["cache"] = self._cache_state(txn, key, run, iteration, render, layout, window)
+            cache = record["context"]["cache"] = self._cache_state(txn, key, iteration, render, layout, window,
+                                                                   history)
             txn.put(key + be32(iteration), dump_json(record), db=self._db["windows"])
-            return layout, window, appended, run.incarnation, cache
+            return layout, window, appended, history, cache
 
-        # The answer is built after the commit: a rendering needs no lock.
-        layout, window, appended, incarnation, cache = self._store.write(write)
-        return self._answer(layout, window, render, (key, incarnation), cache), appended
+        # The answer is built after the commit: a rendering needs no lock (``history``, the
+        # window's entries as items, is the one the cache state was computed from).
+        layout, window, appended, history, cache = self._store.write(write)
+        return self._answer(layout, window, render, history, cache), appended
 
-    def _answer(self, layout: Layout, window: TranscriptWindow, render: str, run: tuple, cache: dict) -> AssembledContext:
-        rendered = context_window.render(render, layout, self._history.items(window, run), cache,
+    def _answer(self, layout: Layout, window: TranscriptWindow, render: str, history: tuple[HistoryItem, ...],
+                cache: dict) -> AssembledContext:
+        rendered = context_window.render(render, layout, history, cache,
                                          self._render.openai_prompt_cache_retention) if render else ""
         return _assembled(layout, window, render, rendered, cache)
 
-    def _cache_state(self, txn: lmdb.Transaction, key: bytes, run: Run, iteration: int, render: str, layout: Layout,
-                     window: TranscriptWindow) -> dict:
+    def _cache_state(self, txn: lmdb.Transaction, key: bytes, iteration: int, render: str, layout: Layout,
+                     window: TranscriptWindow, history: tuple[HistoryItem, ...]) -> dict:
         """The request's cache state in the form ``render``, against the previous assembly's
         (the window persisted for the newest earlier iteration; none: a first turn)."""
         previous = previous_window_record(txn, self._db, key, iteration)
         previous_cache = (previous.get("context") or {}).get("cache") if previous else None
-        return context_window.cache_state(render, layout, window, self._history.items(window, (key, run.incarnation)),
+        return context_window.cache_state(render, layout, window, history,
                                           tuple((window.context or {}).get("changed", ())), previous_cache)
 
-    def _cache_of(self, txn: lmdb.Transaction, key: bytes, run: Run, iteration: int, render: str, layout: Layout,
-                  window: TranscriptWindow) -> dict:
+    def _cache_of(self, txn: lmdb.Transaction, key: bytes, iteration: int, render: str, layout: Layout,
+                  window: TranscriptWindow, history: tuple[HistoryItem, ...]) -> dict:
         """A persisted window's cache state: as persisted when of the form ``render``, else
         computed for that form (and not persisted: the window's first form stays the record's)."""
         stored = (window.context or {}).get("cache")
         if stored is not None and stored["form"] == render:
             return stored
-        return self._cache_state(txn, key, run, iteration, render, layout, window)
+        return self._cache_state(txn, key, iteration, render, layout, window, history)
 
     def _compaction(self, txn: lmdb.Transaction, key: bytes, run: Run, iteration: int, chosen: Plan,
                     top: Summary | None, layout: Layout,

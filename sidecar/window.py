@@ -8,13 +8,15 @@ for every event below their floor. What was fed is persisted per iteration, so t
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
 import lmdb
 
 import fastcore
-from sidecar.clearing import current_forms, forms_listed
+from sidecar.clearing import current_forms, forms_listed, window_record
 from sidecar.errors import TokenBudgetExceeded, TranscriptWindowExceeded
 from sidecar.eventlog import CHUNK_EVENTS, log_entries_before, log_entries_in, prefix_end, read_ids, read_records
 from sidecar.records import StoredEvent, decode_event, dump_json, load_json
@@ -171,7 +173,8 @@ def plan(deps: Deps, txn: lmdb.Transaction, key: bytes, run: Run, iteration: int
 
 def previous_window_record(txn: lmdb.Transaction, db: dict, key: bytes, iteration: int) -> dict | None:
     """The newest window persisted for an iteration before ``iteration`` (so re-assembling an
-    old iteration, or a replay fork's, finds the same one); None when there is none."""
+    old iteration, or a replay fork's, finds the same one); None when there is none. Read only:
+    the parsed record is shared with the assembly's other stages (clearing.window_record)."""
     cursor = txn.cursor(db=db["windows"])
     if cursor.set_range(key + be32(iteration)):
         found = cursor.prev()
@@ -179,7 +182,7 @@ def previous_window_record(txn: lmdb.Transaction, db: dict, key: bytes, iteratio
         found = cursor.last()
     if not found or len(cursor.key()) != len(key) + 4 or not cursor.key().startswith(key):
         return None
-    return load_json(cursor.value())
+    return window_record(cursor.value())
 
 
 def previous_window_start(txn: lmdb.Transaction, db: dict, key: bytes, iteration: int) -> tuple[int, int]:
@@ -322,22 +325,24 @@ def from_record(deps: Deps, txn: lmdb.Transaction, key: bytes, run_id: str, iter
     start, end = record["start"], record["end"]
     records = read_records(txn, db, key, start, end)
     ids = read_ids(txn, db, key, start, end)
-    if record["skip"]:
-        skip = set(record["skip"])
-        kept = [position for position, seq in enumerate(range(start, end)) if seq not in skip]
-        records = [records[p] for p in kept]
-        ids = [ids[p] for p in kept]
+    # The sidecar's own entries in the window (a few log entries) are cut out between slices, and
+    # an event's position is its seq less the entries before it: no pass in Python per entry.
+    skip = sorted(record["skip"])
+    if skip:
+        pieces = [(low + 1 - start, high - start) for low, high in zip([start - 1, *skip], [*skip, end])]
+        records = list(chain.from_iterable(records[low:high] for low, high in pieces))
+        ids = list(chain.from_iterable(ids[low:high] for low, high in pieces))
     refs = [ref for _, ref in record["summaries"]]
     clips = {}
     fed = record.get("fed")
     if record["clipped"] or fed:
-        # Positions by seq in one pass: a turn of many clipped events stays linear.
-        skipped = set(record["skip"])
-        position_of = {seq: position for position, seq in enumerate(s for s in range(start, end) if s not in skipped)}
+        def position_of(seq: int) -> int:
+            return seq - start - bisect_left(skip, seq)
+
         for form in forms_listed(txn, db, key, fed or []):
-            clips[len(refs) + position_of[form.seq]] = Clip(form.text, form.tokens, form.original_tokens)
+            clips[len(refs) + position_of(form.seq)] = Clip(form.text, form.tokens, form.original_tokens)
         for seq, text, tokens in record["clipped"]:
-            position = position_of[seq]
+            position = position_of(seq)
             clips[len(refs) + position] = Clip(text, tokens, decode_event(records[position]).tokens)
     ranges: tuple[SummarizedRange, ...] = ()
     if with_ranges:

@@ -18,6 +18,7 @@ from tests.test_server import call_error
 FORMS = ("", "openai_responses", "anthropic_messages")
 PLACEHOLDERS = {NO_RESULT, CONTINUED, NO_MESSAGES}  # the renderings' fixed texts: the sidecar counts them 0
 LOOKBACK = 20  # Anthropic looks for an earlier cache entry at most this many blocks before a breakpoint
+RELIED = 15  # the sidecar leaves a read this many blocks back or fewer to that lookback (a margin for "about 20")
 SCHEMA = {"type": "object", "properties": {"q": {"type": "string"}}}
 PROFILE = pb.Profile(system_prompt="You answer refund questions. ✅",
                      tools=[pb.ToolDefinition(name="search", description="Search the docs.",
@@ -227,6 +228,32 @@ def test_cleared_tool_results_are_named_as_the_break(start_server) -> None:
     assert reasons == cleared_turns
 
 
+def test_a_clearing_turn_still_reads_the_history_before_what_it_cleared(start_server) -> None:
+    """Without a breakpoint written before the first cleared result, a clearing's request reads
+    only the system blocks and re-bills the whole history."""
+    stub = start_server(token_counter="chars", transcript_token_budget=3000,
+                        clearing={"enabled": True, "keep_recent": 1, "clear_at_least_tokens": 300}).stub
+    stub.OpenRun(pb.OpenRunRequest(run_id="run", profile=PROFILE, task=TASK))
+    before, checked = None, 0
+    for i in range(1, 30):
+        answer = assemble(stub, "run", i, turn_events(i, result_size=200), "anthropic_messages")
+        if answer.cache.break_reason == "tool_results_cleared":
+            old = [uncached(b) for m in json.loads(before.rendered)["messages"] for b in m["content"]]
+            new = [uncached(b) for m in json.loads(answer.rendered)["messages"] for b in m["content"]]
+            changed = next(n for n, (a, b) in enumerate(zip(old, new)) if a != b)
+            assert new[changed]["type"] == "tool_result" and "cleared" in str(new[changed].get("content"))
+            # A history block before the change that the previous request marked (wrote) is read here:
+            # marked again, or within the lookback's sure reach of the last mark. The block before the
+            # first result a clearing could change is such a block.
+            marks = message_breakpoints(answer)
+            assert any(mark < changed and (mark in marks or marks[-1] - mark <= RELIED)
+                       for mark in message_breakpoints(before)), i
+            checked += 1
+        assert all_breakpoints(answer) <= 4
+        before = answer
+    assert checked >= 2, "clearings were seen"
+
+
 def test_anthropic_breakpoints_stay_four_and_read_where_the_previous_request_wrote(start_server) -> None:
     stub = start_server(token_counter="chars", transcript_token_budget=60_000).stub
     stub.OpenRun(pb.OpenRunRequest(run_id="run", profile=PROFILE, task=TASK))
@@ -239,19 +266,30 @@ def test_anthropic_breakpoints_stay_four_and_read_where_the_previous_request_wro
         blocks = sum(len(m["content"]) for m in json.loads(answer.rendered)["messages"])
         assert all_breakpoints(answer) <= 4
         assert marks[-1] == blocks - 1, "the write breakpoint ends the request"
+        # The block before the first tool result a clearing may change: a clearing breaks there.
+        contents = [b for m in json.loads(answer.rendered)["messages"] for b in m["content"]]
+        first_result = next(n for n, b in enumerate(contents) if b["type"] == "tool_result"
+                            and not str(b.get("content", "")).startswith("[tool result cleared"))
         if before is not None:
             assert answer.cache.break_reason == ""
             previous_last = message_breakpoints(before)[-1]
-            # The read breakpoint is exactly the previous request's write: 0 blocks of lookback needed.
-            assert marks == [previous_last, blocks - 1]
-            wide += blocks - 1 - previous_last > LOOKBACK
+            gap = blocks - 1 - previous_last
+            if gap > RELIED:
+                # Out of the lookback's sure reach: the read is marked exactly where the previous request wrote.
+                assert marks == [previous_last, blocks - 1]
+            else:
+                # The last block's lookback reads the previous write; the other breakpoint keeps what a
+                # clearing cannot change readable.
+                assert marks == [first_result - 1, blocks - 1]
+            wide += gap > LOOKBACK
         before = answer
     assert wide >= 5, "turns that added more blocks than the lookback were seen"
-    # When the history changes at its start, no read breakpoint is placed in messages.
+    # When the history changes at its start, no read breakpoint is placed in messages: the last
+    # block and the one before the first tool result.
     stub.UpdateTask(pb.UpdateTaskRequest(run_id="run", task=pb.Task(task_id="refunds", goal="Another goal.")))
     answer = assemble(stub, "run", 41, turn_events(41), "anthropic_messages")
     assert answer.cache.break_reason == "task_changed"
-    assert len(message_breakpoints(answer)) == 1
+    assert len(message_breakpoints(answer)) == 2
 
 
 def test_usage_sets_the_provider_cached_figures_against_the_prediction(start_server) -> None:

@@ -189,3 +189,46 @@ def test_protected_turns_over_the_trigger_are_said_once(start_server) -> None:
     # Re-assembling the turn that said it gives the same answer.
     again = stub.AssembleContext(pb.AssembleContextRequest(run_id="run", iteration=3))
     assert again.compaction.reason == reasons[2]
+
+
+def test_a_replay_fork_reproduces_starts_clearings_and_summaries_together(start_server) -> None:
+    """The defaults together (cache_stable, clearing on, summaries recorded whenever due) on a
+    tool-heavy run: a replay fork from mid-run whose host sends the same turns and asks for the
+    same summaries is fed the source's windows byte for byte, and its log holds the same
+    clearings and summaries at the same seqs."""
+    from tests.test_clearing import tool_turn
+
+    sidecar = start_server(token_counter="o200k_base", transcript_token_budget=16_000, summarization=True,
+                           keep_last_turns=3)
+    stub = sidecar.stub
+
+    def play(run_id: str, turns: range) -> dict[int, pb.AssembleContextResponse]:
+        answers = {}
+        for turn in turns:
+            answers[turn] = stub.AssembleContext(pb.AssembleContextRequest(
+                run_id=run_id, iteration=turn,
+                append_events=[pb.Event(iteration=turn, **{f.name: v for f, v in e.ListFields()})
+                               for e in tool_turn(turn)]))
+            if answers[turn].compaction.due:
+                stub.RecordSummary(pb.RecordSummaryRequest(
+                    run_id=run_id, iteration=turn + 1, replaced_event_ids=answers[turn].compaction.candidate_event_ids,
+                    summary_text=f"What happened up to turn {turn}: refunds and orders were looked up."))
+        return answers
+
+    source = play("source", range(1, 41))
+    log = stub.ListRunEvents(pb.ListRunEventsRequest(run_id="source", limit=1000)).events
+    kinds = {e.type for e in log}
+    assert {"context.cleared", "context.summarized"} <= kinds, kinds
+    starts = {answer.entries[0].event_id for answer in source.values()}
+    assert len(starts) > 2, "the start moved"
+    # Fork where the source's window already feeds cleared results, so the fork must carry them.
+    placeholder = "[tool result cleared"
+    first = next(turn for turn in range(10, 40) if any(e.text.startswith(placeholder) for e in source[turn].entries))
+    from_seq = next(e.seq for e in log if e.event_id == f"u{first + 1}")
+    stub.ForkRun(pb.ForkRunRequest(source_run_id="source", from_seq=from_seq, mode="replay", new_run_id="fork"))
+    fork = play("fork", range(first + 1, 41))
+    for turn in range(first + 1, 41):
+        assert [(e.event_id, e.text, e.tokens) for e in fork[turn].entries] == \
+            [(e.event_id, e.text, e.tokens) for e in source[turn].entries], turn
+    fork_log = stub.ListRunEvents(pb.ListRunEventsRequest(run_id="fork", limit=1000)).events
+    assert [(e.seq, e.event_id, e.type) for e in fork_log] == [(e.seq, e.event_id, e.type) for e in log]

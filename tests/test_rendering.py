@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 import re
 
 import pytest
 
-from sidecar.rendering import (CONTINUED, NO_MESSAGES, NO_RESULT, HistoryItem, TextSection, Tool, anthropic_messages,
-                               anthropic_static, canonical_tools_json, openai_responses, openai_static)
+from sidecar.rendering import (CONTINUED, NO_MESSAGES, NO_RESULT, HistoryItem, TextSection, Tool, anthropic_first_block,
+                               anthropic_messages, anthropic_rolling, anthropic_static, canonical_tools_json,
+                               openai_responses, openai_static)
 
 OPENAI_KEYS = ["instructions", "input", "tools", "prompt_cache_key", "store"]
 RETENTIONS = ("in_memory", "24h")  # what the Responses API takes for prompt_cache_retention
@@ -364,6 +366,42 @@ def test_random_histories_render_valid_bodies_with_every_text_in_place(seed: int
             assert f',"input":{h.text}}}' in anthropic_body
     assert sum(1 for e in openai["input"] if e["type"] == "function_call_output") == sum(
         1 for m in anthropic["messages"] for b in m["content"] if b["type"] == "tool_result")
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_first_block_holding_an_item_is_found_in_the_bodys_order(seed: int) -> None:
+    """anthropic_first_block (where the breakpoint before a clearing's first change goes) against
+    the rendered body itself: the first message block whose JSON holds the marked text."""
+    rng = random.Random(seed)
+    history = random_history(rng, rng.randint(50, 200))
+    if seed % 4 == 0:
+        history = history[rng.randint(1, 30):]
+    tools = [n for n, h in enumerate(history) if h.role == "tool"]
+    marked = set(rng.sample(tools, min(len(tools), rng.randint(1, 3))))
+    history = [replace(h, text=f"MARKED-{n}", quoted="", key="") if n in marked else h for n, h in enumerate(history)]
+    blocks = [b for m in render_anthropic(history)["messages"] for b in m["content"]]
+    expected = next((n for n, b in enumerate(blocks) if "MARKED-" in json.dumps(b)), -1)
+    found = anthropic_first_block(history, lambda h: h.text.startswith("MARKED-"))
+    assert found == expected
+    if found >= 0:  # a breakpoint there lands on that block
+        body = json.loads(anthropic_messages(anthropic_static(STATIC, TOOLS), TASK, history, [found]))
+        assert [n for n, b in enumerate(b for m in body["messages"] for b in m["content"]) if "cache_control" in b] \
+            == [found]
+
+
+def test_history_breakpoints_read_write_and_keep_within_the_room() -> None:
+    last = 100
+    # The previous write within the lookback's sure reach: the last block and the clearing's edge.
+    assert anthropic_rolling(last, [90], 40, 2) == [40, 100]
+    # Out of its reach: the read is marked; the edge waits for a request with room for it.
+    assert anthropic_rolling(last, [80, 40], 40, 2) == [80, 100]
+    assert anthropic_rolling(last, [80], 40, 3) == [40, 80, 100]
+    # Room to spare: the read is marked even within reach; nothing repeated, nothing past the last block.
+    assert anthropic_rolling(last, [90], 40, 4) == [40, 90, 100]
+    assert anthropic_rolling(last, [100], 100, 4) == [100]
+    assert anthropic_rolling(last, [], -1, 2) == [100]
+    assert all(len(anthropic_rolling(last, [r], k, room)) <= room
+               for r in range(0, 101, 7) for k in range(-1, 101, 9) for room in (2, 3, 4))
 
 
 def test_the_random_histories_cover_every_case() -> None:

