@@ -33,6 +33,7 @@ a PNG plot of the billed input per turn (needs matplotlib: ``pip install -e '.[b
 from __future__ import annotations
 
 import argparse
+import itertools
 import random
 import sys
 import tempfile
@@ -311,6 +312,9 @@ def print_aims(tallies: list[Tally], default_fraction: float) -> None:
                                            f"per 100 turns, {per_100 / today:.2f} of main's {today:.1f}, aim <= 0.33")
 
 
+SMOOTHING = 25  # turns a plotted point averages
+
+
 def plot(tallies: list[Tally], path: Path) -> None:
     try:
         import matplotlib
@@ -320,17 +324,25 @@ def plot(tallies: list[Tally], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    def smoothed(values: Sequence[float]) -> list[float]:
+        """The mean of the last SMOOTHING turns at each turn: a cache break is one turn's spike, and
+        the raw lines of several policies would hide one another."""
+        sums = [0.0, *itertools.accumulate(values)]
+        return [(sums[i + 1] - sums[max(0, i + 1 - SMOOTHING)]) / min(i + 1, SMOOTHING) for i in range(len(values))]
+
     scenarios = list(dict.fromkeys(t.scenario for t in tallies))
     figure, axes = plt.subplots(len(scenarios), 1, figsize=(11, 3.2 * len(scenarios)), squeeze=False)
     colours = {label: f"C{i}" for i, label in enumerate(dict.fromkeys(t.policy for t in tallies))}
     for axis, scenario in zip(axes[:, 0], scenarios):
         for t in (t for t in tallies if t.scenario == scenario):
             turns = range(1, len(t.billed_anthropic) + 1)
-            axis.plot(turns, t.billed_anthropic, color=colours[t.policy], linewidth=0.8, label=f"{t.policy}, Anthropic")
-            axis.plot(turns, t.billed_openai, color=colours[t.policy], linewidth=0.8, linestyle="--",
+            axis.plot(turns, smoothed(t.billed_anthropic), color=colours[t.policy], linewidth=1.2,
+                      label=f"{t.policy}, Anthropic")
+            axis.plot(turns, smoothed(t.billed_openai), color=colours[t.policy], linewidth=1.0, linestyle="--",
                       label=f"{t.policy}, OpenAI")
         shape, budget, mode = scenario
-        axis.set_title(f"{shape}, transcript budget {budget}, summaries {MODE_NAMES[mode]}", fontsize=10)
+        axis.set_title(f"{shape}, transcript budget {budget}, summaries {MODE_NAMES[mode]} "
+                       f"(mean of the last {SMOOTHING} turns)", fontsize=10)
         axis.set_ylabel("billed input tokens")
         axis.set_ylim(bottom=0)
         axis.legend(fontsize=7, loc="upper left", ncol=2)

@@ -201,21 +201,29 @@ def _clear(deps: Deps, settings: ClearingSettings, writer: LogWriter, iteration:
     # Tool results answering a call before them: their group starts at the call.
     answered = [start + i for i, (_, _, group_first) in enumerate(records)
                 if group_first != fastcore.NOT_A_UNIT and group_first < start + i]
-    results = []
+    if not answered:
+        return False
+    # Only tool results are ever cleared, so a result already cleared needs no decoding to be
+    # known one (a cleared run's window is mostly those): None stands for it.
+    forms = current_forms(txn, db, key, answered[0], answered[-1] + 1)
+    cleared = {seq for seq, form in forms.items() if form.kind == "cleared"}
+    results: list[StoredEvent | None] = []
     for seq in answered:
+        if seq in cleared:
+            results.append(None)
+            continue
         record = decode_event(txn.get(key + be32(seq), db=db["events"]))
         if record.role == "tool":
             results.append(record)
     clearable = results[:max(len(results) - settings.keep_recent, 0)]
     if not clearable:
         return False
-    forms = current_forms(txn, db, key, clearable[0].seq, clearable[-1].seq + 1)
     counter = deps.counters.get(run.settings.token_counter)
     step = settings.clear_at_least_tokens or budget // 2
     target = max(step, fed - int(trigger))
     freed, changes = 0, []
     for event in clearable:
-        if event.iteration >= iteration or (event.seq in forms and forms[event.seq].kind == "cleared"):
+        if event is None or event.iteration >= iteration:
             continue
         call = decode_event(txn.get(key + be32(records[event.seq - start][2]), db=db["events"]))
         if call.tool_name in settings.exclude_tools:

@@ -24,7 +24,7 @@ from sidecar.policy import KeepInput, Policy, SectionTokens
 from sidecar.profiles import STATIC_PARTS, CountedSection, PreparedProfile, PreparedTask, prefix, statics
 from sidecar.records import StoredEvent, decode_event
 from sidecar.rendering import (ANTHROPIC_MAX_BREAKPOINTS, AnthropicStatic, HistoryItem, OpenAIStatic, Part, TextSection,
-                               anthropic_first_block, anthropic_messages, anthropic_parts, anthropic_rolling, digest,
+                               anthropic_messages, anthropic_parts_and_first, anthropic_rolling, digest,
                                is_blank, item_key, openai_parts, openai_responses, quote, task_part, task_part_names)
 from sidecar.window import TranscriptWindow
 
@@ -203,8 +203,10 @@ class CacheReport:
     break_reason: str  # why it differs ("" when the previous request is all repeated); see the proto
 
 
-def request_parts(form: str, plan: Layout, history: Sequence[HistoryItem]) -> tuple[list[Part], int]:
-    """The request as parts (see sidecar.rendering), and the index of its first history part:
+def request_parts(form: str, plan: Layout, history: Sequence[HistoryItem]) -> tuple[list[Part], int, int]:
+    """The request as parts (see sidecar.rendering), the index of its first history part, and
+    for Anthropic the history block of the first tool result a clearing may change (-1: none, or
+    another form; found in the same pass):
     the static prefix (the static sections and the tools; for OpenAI also the prompt cache key,
     which routes the request to a cache), each per-task section, then the history: the window's
     entries for the plain form (""), the body's items for a rendering."""
@@ -214,13 +216,19 @@ def request_parts(form: str, plan: Layout, history: Sequence[HistoryItem]) -> tu
     parts += [task_part(s.name, s.text, s.tokens) for s in plan.sections
               if s.stability != "static" and not (form and is_blank(s.text))]
     start = len(parts)
+    clearable = -1
     if form == "openai_responses":
         parts += openai_parts(history)
     elif form == "anthropic_messages":
-        parts += anthropic_parts(history)
+        history_parts, clearable = anthropic_parts_and_first(history, _clearable)
+        parts += history_parts
     else:
         parts += [(item.key, item.tokens) for item in history]
-    return parts, start
+    return parts, start, clearable
+
+
+def _clearable(item: HistoryItem) -> bool:
+    return may_be_cleared(item.role, item.text) if item.role == "tool" else False  # one call for most items
 
 
 def cache_state(form: str, plan: Layout, window: TranscriptWindow, history: Sequence[HistoryItem],
@@ -228,7 +236,7 @@ def cache_state(form: str, plan: Layout, window: TranscriptWindow, history: Sequ
     """This request's cache state, to persist with its window (what the next turn compares
     with: each part's key and tokens, Anthropic's breakpoints), and its report against
     ``previous`` (the previous assembly's state; None: there is none)."""
-    parts, start = request_parts(form, plan, history)
+    parts, start, clearable = request_parts(form, plan, history)
     keys, tokens = (list(column) for column in zip(*parts))  # a request has its prefix part at least
     fed = window.summaries_fed
     first = window.event_ids[fed] if len(window.event_ids) > fed else ""
@@ -246,7 +254,6 @@ def cache_state(form: str, plan: Layout, window: TranscriptWindow, history: Sequ
         # Where the previous request wrote and this one is still identical, the block before the
         # first tool result a clearing may change, and the last block: see anthropic_rolling.
         reads = [p for p in (previous["rolling"] if at else ()) if start <= p < at]
-        clearable = anthropic_first_block(history, lambda item: may_be_cleared(item.role, item.text))
         room = ANTHROPIC_MAX_BREAKPOINTS - plan.anthropic.has_system_blocks - (start > 1)  # static, per-task
         rolling = anthropic_rolling(len(keys) - 1, reads, start + clearable - 1 if clearable > 0 else -1, room)
     reason = _break_reason(form, previous, keys, at, changed, first, altered)

@@ -220,6 +220,7 @@ def _split_turns(history: Sequence[HistoryItem]) -> list[_Turn]:
     called: set[str] = set()
     turn: _Turn | None = None
     calls: dict[str, list[HistoryItem]] = {}  # the latest assistant turn's
+    # _blank inlined below: this runs once per window entry on every turn.
     for item in history:
         role = item.role
         if role == "assistant":
@@ -227,7 +228,7 @@ def _split_turns(history: Sequence[HistoryItem]) -> list[_Turn]:
             # A call_id already called is fed as text: one id answering two calls is ambiguous,
             # and both APIs refuse a repeated call id.
             is_call = bool(call_id and item.tool_name) and call_id not in called
-            if not is_call and _blank(item.text):
+            if not is_call and (not item.text or item.text.isspace()):
                 continue
             if turn is None or not turn.assistant:
                 calls = {}
@@ -241,7 +242,7 @@ def _split_turns(history: Sequence[HistoryItem]) -> list[_Turn]:
         if role not in _OTHER_ROLES:
             raise ValueError(f"history item {item.event_id!r}: unknown role {role!r}")
         answers = calls.get(item.call_id) if role == "tool" else None
-        if answers is None and _blank(item.text):
+        if answers is None and (not item.text or item.text.isspace()):
             continue
         if turn is None or turn.assistant:
             turn = _Turn(False, [], {})
@@ -353,48 +354,68 @@ def openai_parts(history: Sequence[HistoryItem]) -> list[Part]:
 def anthropic_parts(history: Sequence[HistoryItem]) -> list[Part]:
     """The history's content blocks in :func:`anthropic_messages` order, as parts; a block that
     opens a message has "<" and the role's letter in front of its key (the bytes before it differ)."""
-    parts: list[Part] = []
-    turns = _turns(history)
-    if not turns:
-        return [("<uN", 0)]
-    if turns[0].assistant:
-        parts.append(("<uK", 0))
-    owed: list[Part] = []
-    for turn in turns:
-        blocks = owed if not turn.assistant else []
-        owed = []
-        for is_call, item in turn.items:
-            blocks.append(("C" + item.key if is_call else item.key, item.tokens))
-        if blocks:
-            blocks[0] = (("<a" if turn.assistant else "<u") + blocks[0][0], blocks[0][1])
-        parts += blocks
-        if turn.assistant:
-            owed = [(_output_key("R", call_id, results), sum(r.tokens for r in results if not _blank(r.text)))
-                    for call_id, results in turn.calls.items()]
-    if owed:
-        owed[0] = ("<u" + owed[0][0], owed[0][1])
-        parts += owed
-    return parts
+    return anthropic_parts_and_first(history, None)[0]
 
 
 def anthropic_first_block(history: Sequence[HistoryItem], wanted: Callable[[HistoryItem], bool]) -> int:
     """The index, in :func:`anthropic_parts`' order, of the first block holding an item that
     ``wanted`` accepts (a call's result block holds all the call's results); -1 when none does."""
+    return anthropic_parts_and_first(history, wanted)[1]
+
+
+def _results_tokens(results: list[HistoryItem]) -> int:
+    if len(results) == 1:  # the common case, without a generator
+        return 0 if _blank(results[0].text) else results[0].tokens
+    return sum(r.tokens for r in results if not _blank(r.text))
+
+
+def anthropic_parts_and_first(history: Sequence[HistoryItem],
+                              wanted: Callable[[HistoryItem], bool] | None) -> tuple[list[Part], int]:
+    """:func:`anthropic_parts` and :func:`anthropic_first_block` in one pass over the history
+    (a turn's request needs both; ``wanted`` None: no block is looked for, the index is -1)."""
+    parts: list[Part] = []
     turns = _turns(history)
-    index = 1 if turns and turns[0].assistant else 0  # the fixed first user message
-    owed: list[list[HistoryItem]] = []
+    if not turns:
+        return [("<uN", 0)], -1
+    if turns[0].assistant:
+        parts.append(("<uK", 0))
+    first = -1
+    looking = wanted is not None
+    owed: list[Part] = []
+    owed_results: list[list[HistoryItem]] = []
     for turn in turns:
-        blocks = (owed if not turn.assistant else []) + [[item] for _, item in turn.items]
-        for items in blocks:
-            if any(wanted(item) for item in items):
-                return index
-            index += 1
-        owed = list(turn.calls.values()) if turn.assistant else []
-    for results in owed:
-        if any(wanted(item) for item in results):
-            return index
-        index += 1
-    return -1
+        if turn.assistant:
+            blocks: list[Part] = []
+        else:
+            blocks = owed
+            if looking:
+                for index, results in enumerate(owed_results, len(parts)):
+                    if any(wanted(item) for item in results):
+                        first, looking = index, False
+                        break
+        owed = []
+        for is_call, item in turn.items:
+            if looking and wanted(item):
+                first, looking = len(parts) + len(blocks), False
+            blocks.append(("C" + item.key if is_call else item.key, item.tokens))
+        if blocks:
+            blocks[0] = (("<a" if turn.assistant else "<u") + blocks[0][0], blocks[0][1])
+        parts += blocks
+        if turn.assistant:
+            owed_results = list(turn.calls.values())
+            owed = [(_output_key("R", call_id, results), _results_tokens(results))
+                    for call_id, results in turn.calls.items()]
+        else:
+            owed_results = []
+    if owed:
+        if looking:
+            for index, results in enumerate(owed_results, len(parts)):
+                if any(wanted(item) for item in results):
+                    first = index
+                    break
+        owed[0] = ("<u" + owed[0][0], owed[0][1])
+        parts += owed
+    return parts, first
 
 
 # Anthropic reads a prefix at a breakpoint or at any block boundary up to about 20 blocks before
@@ -471,8 +492,14 @@ def _object_problem(text: str) -> str:
 _arguments_problem = functools.lru_cache(maxsize=8192)(_object_problem)
 
 
+# A pure function of the call id, memoised: every turn renders again each call its window holds.
+@functools.lru_cache(maxsize=16384)
+def _quoted_tool_use_id(call_id: str) -> str:
+    return encode_basestring(_tool_use_id(call_id))
+
+
 def _tool_result(call_id: str, results: list[HistoryItem]) -> str:
-    head = '{"type":"tool_result","tool_use_id":' + encode_basestring(_tool_use_id(call_id))
+    head = '{"type":"tool_result","tool_use_id":' + _quoted_tool_use_id(call_id)
     if not results:
         return head + ',"content":' + encode_basestring(NO_RESULT) + "}"
     if len(results) == 1:
@@ -541,7 +568,7 @@ def anthropic_messages(static: AnthropicStatic, task_sections: Sequence[TextSect
         separator = ""
         for is_call, item in turn.items:
             if is_call:
-                out += (separator, '{"type":"tool_use","id":', q(_tool_use_id(item.call_id)), ',"name":',
+                out += (separator, '{"type":"tool_use","id":', _quoted_tool_use_id(item.call_id), ',"name":',
                         q(item.tool_name), ',"input":', _arguments(item), "}")
             else:
                 out += (separator, _TEXT_BLOCK, quoted(item), "}")

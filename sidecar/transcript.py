@@ -349,8 +349,10 @@ class Transcripts:
             chosen.budget, fraction, found.since_summary if top else None))
         if not due:
             return Compaction(False), None
-        if not found.ids:
-            # Asking every turn could not help: say why once (until another summary is recorded).
+        if not found.ids or found.protected > fraction * chosen.budget:
+            # Asking every turn could not help (nothing may be summarised, or what may not alone passes
+            # the trigger, so no summary brings the transcript under it): say why once (until another
+            # summary is recorded).
             under = top.index if top else -1
             previous = previous_window_record(txn, self._db, key, iteration)
             said = previous is not None and previous.get("compaction", [None] * 5)[4:5] == [under]
@@ -492,8 +494,9 @@ def _nothing_to_summarise(found: Candidates, run: Run, budget: int, fraction: fl
         return (f"protected_turns_exceed_trigger: the active turn and the verbatim floor (keep_last_turns "
                 f"{run.settings.keep_last_turns}, keep_last_tokens {run.settings.keep_last_tokens}) hold "
                 f"{found.protected} tokens, over the compaction trigger of {trigger} ([context] compaction_fraction "
-                f"{fraction} of the budget {budget}); nothing older is left to summarise. The window still keeps "
-                f"within its budget; for summaries to help, give the run a larger budget or keep fewer turns")
+                f"{fraction} of the budget {budget}), so no summary of older turns brings the transcript under it. "
+                f"The window still keeps within its budget; for summaries to help, give the run a larger budget or "
+                f"keep fewer turns")
     return (f"nothing_summarisable: {found.unsummarised} unsummarised tokens pass the compaction trigger of "
             f"{trigger}, but every older event belongs to a tool call whose results lie in the protected turns")
 

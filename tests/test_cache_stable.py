@@ -232,3 +232,23 @@ def test_a_replay_fork_reproduces_starts_clearings_and_summaries_together(start_
             [(e.event_id, e.text, e.tokens) for e in source[turn].entries], turn
     fork_log = stub.ListRunEvents(pb.ListRunEventsRequest(run_id="fork", limit=1000)).events
     assert [(e.seq, e.event_id, e.type) for e in fork_log] == [(e.seq, e.event_id, e.type) for e in log]
+
+
+def test_no_summary_is_asked_for_that_could_not_bring_the_transcript_under_the_trigger(start_server) -> None:
+    """Tool results of 200-4,000 tokens at an 800-token budget: the protected turns alone pass
+    the trigger on every turn, so a summary of the older ones could never help. Compaction is not
+    asked for; the answer says why once, not every turn."""
+    from tests.test_clearing import tool_turn
+
+    stub = start_server(token_counter="o200k_base", transcript_token_budget=800, summarization=True).stub
+    due, reasons = 0, []
+    for turn in range(1, 31):
+        answer = stub.AssembleContext(pb.AssembleContextRequest(
+            run_id="run", iteration=turn,
+            append_events=[pb.Event(iteration=turn, **{f.name: v for f, v in e.ListFields()}) for e in tool_turn(turn)]))
+        due += answer.compaction.due
+        if answer.compaction.reason:
+            reasons.append((turn, answer.compaction.reason.split(":")[0]))
+        assert answer.token_count <= 800
+    assert due == 0
+    assert [reason for _, reason in reasons] == ["protected_turns_exceed_trigger"], reasons

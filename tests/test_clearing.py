@@ -191,9 +191,9 @@ def test_every_window_adds_up_with_the_defaults_on(start_server, policy: str) ->
     """Clearing, kept clips and the window policy together, at their defaults: on every turn of a
     tool-heavy run (with a summary recorded whenever compaction is due), each entry's tokens
     recount its text, token_count is their sum, and it stays within the budget."""
-    budget = 3000
+    budget = 12_000
     sidecar = start_server(token_counter="o200k_base", transcript_token_budget=budget, window_policy=policy,
-                           summarization=True)
+                           summarization=True, keep_last_turns=1)
     sidecar.stub.OpenRun(pb.OpenRunRequest(run_id="run"))
     summaries = 0
     for turn in range(1, 61):
