@@ -50,7 +50,7 @@ from benchmarks import corpus
 from benchmarks.context_window import TOOLS, profile
 from benchmarks.harness import Samples, sidecar_process
 from benchmarks.prompt_cache import AnthropicCache, OpenAICache, TokenCache, anthropic_blocks, openai_blocks
-from sidecar.encodings import load_encoding
+from sidecar.text.encodings import load_encoding
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
 from sidecar.settings import ConfigError, env_name, load_settings

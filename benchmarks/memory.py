@@ -29,7 +29,7 @@ from benchmarks import corpus
 from benchmarks.harness import interleaved, sidecar_process
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
-from sidecar.redaction import Redactor
+from sidecar.text.redaction import Redactor
 
 REF = "mem:agent-bench"
 BUDGET = 2000

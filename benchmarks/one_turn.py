@@ -24,11 +24,11 @@ import time
 from pathlib import Path
 
 from benchmarks.corpus import _WORDS
-from sidecar.counting import Counters
-from sidecar.eventlog import NewEvent
+from sidecar.text.counting import Counters
+from sidecar.transcript.log import NewEvent
 from sidecar.settings import ContextSettings
-from sidecar.store import Store
-from sidecar.transcript import Transcripts
+from sidecar.storage.environment import Store
+from sidecar.transcript.transcripts import Transcripts
 
 TENANT = "bench"
 WORDS_PER_EVENT = 40

@@ -1,7 +1,7 @@
 """Sync vs grpc.aio servers on the per-turn path: measure, then pick on the numbers.
 
 Three server kinds, each a real server in its own subprocess over its own temporary LMDB
-folder, all serving the same domain code (sidecar.servicer over sidecar.transcript):
+folder, all serving the same domain code (sidecar.wire.servicer over sidecar.transcript.transcripts):
 
   sync            what production runs: ``sidecar.server.build_server`` + ``start``, i.e.
                   ``grpc.server(ThreadPoolExecutor)``.
@@ -60,8 +60,8 @@ from grpc_reflection.v1alpha import reflection
 from benchmarks import corpus
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
-from sidecar.server import SERVICE_NAME, Services, bound_address, build_server, servicer_for, start
-from sidecar.servicer import add_servicer_to_server
+from sidecar.wire.server import SERVICE_NAME, Services, bound_address, build_server, servicer_for, start
+from sidecar.wire.servicer import add_servicer_to_server
 from sidecar.settings import ContextSettings, ServerSettings, Settings, StorageSettings
 
 KINDS = ("sync", "aio-inline", "aio-threadpool")

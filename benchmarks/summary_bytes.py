@@ -27,9 +27,10 @@ import lmdb
 from benchmarks.harness import sidecar_process
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
-from sidecar.runs import SIDECAR_ID_PREFIX, run_key
-from sidecar.store import DATABASES, be32
-from sidecar.summaries import SUMMARIZED_TYPE, Summary
+from sidecar.transcript.runs import SIDECAR_ID_PREFIX, run_key
+from sidecar.storage.databases import DATABASES
+from sidecar.storage.keys import be32
+from sidecar.transcript.summaries import SUMMARIZED_TYPE, Summary
 
 RUN = "long"
 TENANT = "default"

@@ -27,7 +27,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from benchmarks import corpus
 from benchmarks.harness import Samples, interleaved, sidecar_process
-from sidecar.encodings import load_encoding
+from sidecar.text.encodings import load_encoding
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
 

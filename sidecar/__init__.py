@@ -1,9 +1,9 @@
 """context-sidecar: counts tokens and assembles each agent turn's context under a budget.
 
-Layers import one way: the wire (``servicer``, ``server``, ``status``, ``cli``) uses the domain
-(``transcript`` over ``runs``, ``eventlog``, ``window``, ``summaries``, ``forks``; ``counting``,
-``capabilities``, ...), which uses ``store`` (LMDB), ``records`` (byte layouts) and ``fastcore``
-(Cython). Only the wire imports grpc or the API stubs; ``records`` uses the storage proto.
+Layers import one way: ``wire`` (gRPC: server, servicer, conversions, status) uses the areas
+(``transcript``, ``context_window``, ``memory``, ``tenant_events``), which use ``storage``
+(LMDB), ``text`` (counting, redaction, fencing) and ``fastcore`` (Cython). ``errors``,
+``settings`` and ``validation`` are shared by every layer; plugins import ``plugin_api`` only.
 """
 
 __version__ = "0.1.0"

@@ -44,13 +44,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         # The compiled fastcore is imported here, through the domain: no Python fallback exists.
-        from sidecar.server import serve
+        from sidecar.wire.server import serve
     except ImportError as error:
         print(f"context-sidecar: cannot start: {error}", file=sys.stderr)
         return 3
     import lmdb
 
-    from sidecar.encodings import EncodingIntegrityError
+    from sidecar.text.encodings import EncodingIntegrityError
 
     try:
         return serve(settings)

@@ -1,7 +1,7 @@
 """Domain errors, each with a stable machine code that travels to clients unchanged.
 
 Each class names the gRPC status its code travels with, as a plain string (the domain never
-imports grpc; ``sidecar.status`` turns it into the status). Messages name fields and ids the
+imports grpc; ``sidecar.wire.status`` turns it into the status). Messages name fields and ids the
 caller sent, never stored content.
 """
 
@@ -21,7 +21,7 @@ class FieldViolation:
 
 
 # The gRPC status codes an error may answer with (OK and UNKNOWN are never deliberate);
-# sidecar.status checks at import that grpc knows each of them.
+# sidecar.wire.status checks at import that grpc knows each of them.
 STATUS_NAMES = frozenset({
     "CANCELLED", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED",
     "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL",

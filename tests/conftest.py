@@ -10,14 +10,14 @@ from typing import Iterator
 import grpc
 import pytest
 
-from sidecar.counting import Counters
+from sidecar.text.counting import Counters
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
-from sidecar import server as server_module
-from sidecar.server import Services, build_server
+from sidecar.wire import server as server_module
+from sidecar.wire.server import Services, build_server
 from sidecar.settings import (AuthSettings, ClearingSettings, ContextSettings, MemoryCompactionSettings, MemorySettings, RenderSettings, ServerSettings,
                               Settings, StorageSettings, TenantCredential)
-from sidecar.store import Store
-from sidecar.transcript import Transcripts
+from sidecar.storage.environment import Store
+from sidecar.transcript.transcripts import Transcripts
 
 TENANT = "default"
 

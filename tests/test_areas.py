@@ -11,7 +11,8 @@ from pathlib import Path
 import lmdb
 
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
-from sidecar.store import AREAS, DATABASES, Store
+from sidecar.storage.databases import AREAS, DATABASES
+from sidecar.storage.environment import Store
 
 NAME = "notes"
 PREFIX = b"default\0" + NAME.encode() + b"\0"
@@ -120,7 +121,7 @@ def test_every_database_belongs_to_exactly_one_area(start_server) -> None:
     # Only the store opens databases, and every database a module names is one an area owns.
     sources = list(Path(__file__).parent.parent.joinpath("sidecar").rglob("*.py"))
     opened = [path.name for path in sources if "open_db(" in path.read_text()]
-    assert opened == ["store.py"], opened
+    assert opened == ["environment.py"], opened
     named = {match for path in sources for match in re.findall(r'db\["([a-z_]+)"\]', path.read_text())}
     assert named <= {name.decode() for name in DATABASES}, named - {name.decode() for name in DATABASES}
 

@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
-from sidecar.rendering import CONTINUED, NO_MESSAGES, NO_RESULT
+from sidecar.context_window.rendering import CONTINUED, NO_MESSAGES, NO_RESULT
 from sidecar.settings import ConfigError, load_settings
 from tests.test_server import call_error
 

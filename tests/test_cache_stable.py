@@ -8,7 +8,7 @@ import random
 import pytest
 
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
-from sidecar.untrusted import fence
+from sidecar.text.fencing import fence
 
 BUDGET = 4000
 TRIM = 0.6

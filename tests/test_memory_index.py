@@ -10,10 +10,10 @@ import struct
 
 import pytest
 
-from sidecar import memory as memory_module
-from sidecar.memory import BM25_B, BM25_K1, ListRequest, Memories
-from sidecar.records import MemoryRecord
-from sidecar.redaction import Redactor
+from sidecar.memory import api as memory_module
+from sidecar.memory.api import BM25_B, BM25_K1, ListRequest, Memories
+from sidecar.storage.codec import MemoryRecord
+from sidecar.text.redaction import Redactor
 from sidecar.settings import MemorySettings
 
 WORDS = ["alpha", "beta", "gamma", "delta", "policy", "refund", "order", "ship", "label", "zeta",

@@ -8,7 +8,7 @@ import pytest
 
 from benchmarks.prompt_cache import (FRAMING_TOKENS, AnthropicCache, OpenAICache, TokenCache, anthropic_blocks,
                                      openai_blocks)
-from sidecar.encodings import load_encoding
+from sidecar.text.encodings import load_encoding
 
 ENCODING = load_encoding("o200k_base")
 MARK = {"cache_control": {"type": "ephemeral"}}

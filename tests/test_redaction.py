@@ -9,7 +9,7 @@ import pytest
 
 from sidecar.errors import ValidationError
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
-from sidecar.redaction import Redactor, redact_json_text
+from sidecar.text.redaction import Redactor, redact_json_text
 from tests.test_memory import TOKENS, Tenant
 
 DETECTED = {

@@ -1,4 +1,4 @@
-"""Provider request bodies (sidecar.rendering): exact shapes on small cases, the providers' own
+"""Provider request bodies (sidecar.context_window.rendering): exact shapes on small cases, the providers' own
 pairing and ordering rules on seeded random histories, byte-stable static prefixes, and texts
 fed byte for byte. The checks below restate the APIs' rules, not the module's algorithm."""
 
@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from sidecar.rendering import (CONTINUED, NO_MESSAGES, NO_RESULT, HistoryItem, TextSection, Tool, anthropic_first_block,
+from sidecar.context_window.rendering import (CONTINUED, NO_MESSAGES, NO_RESULT, HistoryItem, TextSection, Tool, anthropic_first_block,
                                anthropic_messages, anthropic_rolling, anthropic_static, canonical_tools_json,
                                openai_responses, openai_static)
 

@@ -15,7 +15,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from grpc_status import rpc_status
 
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
-from sidecar.untrusted import fence
+from sidecar.text.fencing import fence
 
 SCHEMAS = Path(__file__).resolve().parent.parent / "schemas"
 

@@ -8,8 +8,9 @@ import pytest
 
 from sidecar.errors import StoreFull, ValidationError
 from sidecar.settings import ContextSettings
-from sidecar.store import Store, scope
-from sidecar.transcript import NewEvent, Transcripts
+from sidecar.storage.environment import Store
+from sidecar.storage.keys import scope
+from sidecar.transcript.transcripts import NewEvent, Transcripts
 from sidecar.validation import check_id
 from tests.conftest import TENANT
 

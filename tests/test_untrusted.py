@@ -18,8 +18,8 @@ from typing import Iterator
 
 import pytest
 
-from sidecar import untrusted
-from sidecar.untrusted import KEYWORD, MARKER, PREAMBLE, fence, inner, is_fenced, neutralise, normalise
+from sidecar.text import fencing as untrusted
+from sidecar.text.fencing import KEYWORD, MARKER, PREAMBLE, fence, inner, is_fenced, neutralise, normalise
 
 ROOT = Path(__file__).resolve().parent.parent
 KEY = "sidecaruntrusted"
@@ -156,7 +156,7 @@ HAND_TABLE: dict[str, str] = {
 # Every spelling of the tags from Unicode's confusables data (UTS #39), read here on its own terms:
 # a character passes for a letter when its skeleton (its prototype in confusables.txt) is the
 # skeleton of one of the letter's forms (small, capital, Latin small capital).
-CONFUSABLES_TXT = ROOT / "sidecar" / "fence_confusables.txt"
+CONFUSABLES_TXT = ROOT / "sidecar" / "text" / "fence_confusables.txt"
 
 
 def _skeletons() -> dict[str, str]:
@@ -350,7 +350,7 @@ def test_the_fence_is_deterministic_across_processes() -> None:
     corpus = [*ATTACKS.values(), *BENIGN.values()]
     digest = hashlib.sha256("\0".join(fence(text) for text in corpus).encode("utf-8")).hexdigest()
     assert [fence(text) for text in corpus] == [fence(text) for text in corpus]
-    script = ("import hashlib\nfrom sidecar.untrusted import fence\nfrom tests.test_untrusted import ATTACKS, BENIGN\n"
+    script = ("import hashlib\nfrom sidecar.text.fencing import fence\nfrom tests.test_untrusted import ATTACKS, BENIGN\n"
               "corpus = [*ATTACKS.values(), *BENIGN.values()]\n"
               "print(hashlib.sha256('\\0'.join(fence(t) for t in corpus).encode('utf-8')).hexdigest())")
     for seed in ("0", "1", "4242"):
@@ -407,7 +407,7 @@ def test_the_fence_fails_closed_if_a_spelling_cannot_be_struck(monkeypatch: pyte
 
 
 def test_the_module_needs_only_the_standard_library() -> None:
-    tree = ast.parse((ROOT / "sidecar" / "untrusted.py").read_text())
+    tree = ast.parse((ROOT / "sidecar" / "text" / "fencing.py").read_text())
     imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
     assert imported and all(name.split(".")[0] in sys.stdlib_module_names | {"__future__"} for name in imported)

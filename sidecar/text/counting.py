@@ -14,8 +14,8 @@ from typing import Callable, Protocol
 import tiktoken
 
 import fastcore
-from sidecar.encodings import SUPPORTED as TIKTOKEN_ENCODINGS
-from sidecar.encodings import load_encoding
+from sidecar.text.encodings import SUPPORTED as TIKTOKEN_ENCODINGS
+from sidecar.text.encodings import load_encoding
 from sidecar.errors import TokenBudgetExceeded, ValidationError
 from sidecar.settings import TOKEN_COUNTERS
 

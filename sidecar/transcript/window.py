@@ -16,16 +16,16 @@ from typing import Any
 import lmdb
 
 import fastcore
-from sidecar.clearing import current_forms, forms_listed, window_record
+from sidecar.transcript.clearing import current_forms, forms_listed, window_record
 from sidecar.errors import TokenBudgetExceeded, TranscriptWindowExceeded
-from sidecar.eventlog import CHUNK_EVENTS, log_entries_before, log_entries_in, prefix_end, read_ids, read_records
-from sidecar.records import StoredEvent, decode_event, dump_json, load_json
-from sidecar.counting import TokenCounter
-from sidecar.runs import Deps, Run, load_run, save_run
-from sidecar.store import be32
-from sidecar.summaries import (NO_SUMMARY, Compaction, Summary, feedable_tokens, in_force, load_summary,
+from sidecar.transcript.log import CHUNK_EVENTS, log_entries_before, log_entries_in, prefix_end, read_ids, read_records
+from sidecar.storage.codec import StoredEvent, decode_event, dump_json, load_json
+from sidecar.text.counting import TokenCounter
+from sidecar.transcript.runs import Deps, Run, load_run, save_run
+from sidecar.storage.keys import be32
+from sidecar.transcript.summaries import (NO_SUMMARY, Compaction, Summary, feedable_tokens, in_force, load_summary,
                                newest_in_force, read_artifacts)
-from sidecar.untrusted import split_block
+from sidecar.text.fencing import split_block
 
 MAX_COUNT = 2**31 - 1
 

@@ -39,13 +39,13 @@ from dataclasses import dataclass, replace
 import lmdb
 
 import fastcore
-from sidecar.eventlog import CHUNK_EVENTS, LogWriter, prefix_end, read_counts
-from sidecar.records import StoredEvent, decode_event, dump_json, load_json
-from sidecar.runs import SIDECAR_ID_PREFIX, Deps
+from sidecar.transcript.log import CHUNK_EVENTS, LogWriter, prefix_end, read_counts
+from sidecar.storage.codec import StoredEvent, decode_event, dump_json, load_json
+from sidecar.transcript.runs import SIDECAR_ID_PREFIX, Deps
 from sidecar.settings import ClearingSettings
-from sidecar.store import be32, records_under
-from sidecar.summaries import in_force, put_compaction_record
-from sidecar.untrusted import split_block
+from sidecar.storage.keys import be32, records_under
+from sidecar.transcript.summaries import in_force, put_compaction_record
+from sidecar.text.fencing import split_block
 
 CLEARED_TYPE = "context.cleared"
 _COUNT = struct.Struct("<III")
@@ -124,7 +124,7 @@ def forms_listed(txn: lmdb.Transaction, db: dict, key: bytes, listed: list[list[
     return [_parse(key, stored_key, value) for stored_key, value in found]
 
 
-# A tool's own output is always fed fenced (sidecar.untrusted), so no fed result but a
+# A tool's own output is always fed fenced (sidecar.text.fencing), so no fed result but a
 # placeholder starts with this.
 PLACEHOLDER_OPENING = "[tool result cleared to save context: "
 

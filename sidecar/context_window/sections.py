@@ -18,15 +18,15 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Sequence
 
-from sidecar.clearing import may_be_cleared
+from sidecar.transcript.clearing import may_be_cleared
 from sidecar.errors import TokenBudgetExceeded, ValidationError
-from sidecar.policy import KeepInput, Policy, SectionTokens
-from sidecar.profiles import STATIC_PARTS, CountedSection, PreparedProfile, PreparedTask, prefix, statics
-from sidecar.records import StoredEvent, decode_event
-from sidecar.rendering import (ANTHROPIC_MAX_BREAKPOINTS, AnthropicStatic, HistoryItem, OpenAIStatic, Part, TextSection,
+from sidecar.context_window.policy import KeepInput, Policy, SectionTokens
+from sidecar.context_window.profiles import STATIC_PARTS, CountedSection, PreparedProfile, PreparedTask, prefix, statics
+from sidecar.storage.codec import StoredEvent, decode_event
+from sidecar.context_window.rendering import (ANTHROPIC_MAX_BREAKPOINTS, AnthropicStatic, HistoryItem, OpenAIStatic, Part, TextSection,
                                anthropic_messages, anthropic_parts_and_first, anthropic_rolling, digest,
                                is_blank, item_key, openai_parts, openai_responses, quote, task_part, task_part_names)
-from sidecar.window import TranscriptWindow
+from sidecar.transcript.window import TranscriptWindow
 
 RENDERINGS = ("openai_responses", "anthropic_messages")
 TRANSCRIPT_SECTIONS = ("state_summary", "history", "tool_results")
@@ -204,7 +204,7 @@ class CacheReport:
 
 
 def request_parts(form: str, plan: Layout, history: Sequence[HistoryItem]) -> tuple[list[Part], int, int]:
-    """The request as parts (see sidecar.rendering), the index of its first history part, and
+    """The request as parts (see sidecar.context_window.rendering), the index of its first history part, and
     for Anthropic the history block of the first tool result a clearing may change (-1: none, or
     another form; found in the same pass):
     the static prefix (the static sections and the tools; for OpenAI also the prompt cache key,

@@ -16,21 +16,21 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from sidecar.capabilities import capability_document
-from sidecar.counting import Counters
+from sidecar.wire.capabilities import capability_document
+from sidecar.text.counting import Counters
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
-from sidecar.compaction import BackgroundJob, Compactor
-from sidecar.events import EventLog
-from sidecar.memory import Memories
-from sidecar.redaction import Redactor
-from sidecar.servicer import ContextSidecarServicer, TenantOf, add_servicer_to_server
-from sidecar.agent_state import StateSchemas
+from sidecar.memory.compaction import BackgroundJob, Compactor
+from sidecar.tenant_events.log import EventLog
+from sidecar.memory.api import Memories
+from sidecar.text.redaction import Redactor
+from sidecar.wire.servicer import ContextSidecarServicer, TenantOf, add_servicer_to_server
+from sidecar.context_window.state import StateSchemas
 from sidecar.errors import SidecarError
-from sidecar.policy import load_policy
-from sidecar.run_context import RunContexts
+from sidecar.context_window.policy import load_policy
+from sidecar.context_window.run_context import RunContexts
 from sidecar.settings import ConfigError, Settings
-from sidecar.store import Store
-from sidecar.transcript import Transcripts
+from sidecar.storage.environment import Store
+from sidecar.transcript.transcripts import Transcripts
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ContextSidecar"].full_name

@@ -19,15 +19,15 @@ from typing import Any, Callable, Sequence
 
 import lmdb
 
-from sidecar.counting import Counters
+from sidecar.text.counting import Counters
 from sidecar.errors import NotFound, ValidationError
-from sidecar.eventlog import TOOL_NAME
-from sidecar.records import dump_json, load_json
-from sidecar.rendering import (AnthropicStatic, OpenAIStatic, TextSection, Tool, anthropic_static,
+from sidecar.transcript.log import TOOL_NAME
+from sidecar.storage.codec import dump_json, load_json
+from sidecar.context_window.rendering import (AnthropicStatic, OpenAIStatic, TextSection, Tool, anthropic_static,
                                canonical_tools_json, openai_static)
-from sidecar.runs import Run
-from sidecar.untrusted import fence
-from sidecar.redaction import redact_json_text, refuse_secrets
+from sidecar.transcript.runs import Run
+from sidecar.text.fencing import fence
+from sidecar.text.redaction import redact_json_text, refuse_secrets
 from sidecar.validation import check_id, json_field, json_schema_validator
 
 STATIC_PARTS = ("system_prompt", "participants", "agents", "skills_index", "tools")

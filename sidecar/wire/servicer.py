@@ -16,18 +16,18 @@ from typing import Any, Callable, Iterator
 import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool, message, message_factory
 
-from sidecar.compaction import Compactor
+from sidecar.memory.compaction import Compactor
 from sidecar.errors import CompactionDisabled, Unauthenticated
-from sidecar.events import Event, EventLog
-from sidecar.memory import ListRequest, Memories, MemoryList
+from sidecar.tenant_events.log import Event, EventLog
+from sidecar.memory.api import ListRequest, Memories, MemoryList
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
-from sidecar.records import StoredEvent
-from sidecar.redaction import Redactor
+from sidecar.storage.codec import StoredEvent
+from sidecar.text.redaction import Redactor
 from sidecar.settings import TenantCredential
-from sidecar.status import RateLimitedLog, answers_errors, deadline_of, lenient_deserializer
-from sidecar import messages
-from sidecar.transcript import AppendResult, AssembledContext, NewEvent, RunSettings, SummaryRequest, Transcripts
+from sidecar.wire.status import RateLimitedLog, answers_errors, deadline_of, lenient_deserializer
+from sidecar.wire import messages
+from sidecar.transcript.transcripts import AppendResult, AssembledContext, NewEvent, RunSettings, SummaryRequest, Transcripts
 from sidecar.validation import check_at_least, check_id, page_size
 
 # With no tenants configured, every call belongs to this one tenant.

@@ -28,10 +28,10 @@ from typing import Sequence
 import lmdb
 
 from sidecar.errors import Aborted, SidecarError, TokenBudgetExceeded, ValidationError
-from sidecar.events import Event, EventLog, timestamp
-from sidecar.memory import MAX_TAGS, Memories, Source, check_ref, terms
+from sidecar.tenant_events.log import Event, EventLog, timestamp
+from sidecar.memory.api import MAX_TAGS, Memories, Source, check_ref, terms
 from sidecar.settings import MemoryCompactionSettings
-from sidecar.store import scope
+from sidecar.storage.keys import scope
 from sidecar.validation import check_at_least, check_id
 
 log = logging.getLogger(__name__)

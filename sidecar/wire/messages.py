@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from sidecar.agent_state import Usage
-from sidecar.context_window import CacheReport, Section
+from sidecar.context_window.state import Usage
+from sidecar.context_window.sections import CacheReport, Section
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
-from sidecar.profiles import (LoadedSkill, Participant, Profile, RemoteAgent, SkillSummary, Task, ToolDefinition)
-from sidecar.records import StoredEvent
+from sidecar.context_window.profiles import (LoadedSkill, Participant, Profile, RemoteAgent, SkillSummary, Task, ToolDefinition)
+from sidecar.storage.codec import StoredEvent
 
 
 def profile_from(message: pb.Profile) -> Profile:

@@ -1,7 +1,4 @@
-"""LMDB: one environment per process, named databases, tenant-scoped keys, a map that grows.
-
-Every key starts with the tenant id and a NUL byte; ids never contain NUL (``validation``), so
-no key range of one tenant can overlap another's and no read crosses tenants by construction.
+"""LMDB: one environment per process, its named databases (``databases``), a map that grows.
 
 Writes go through :meth:`Store.write`, which runs a function inside one write transaction, so a
 call's writes land together or not at all. When the map is nearly full it is grown before the
@@ -20,76 +17,16 @@ from typing import Callable, Iterator, TypeVar
 import lmdb
 
 from sidecar.errors import StoreFull
+from sidecar.storage.databases import AREAS, DATABASES
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-# Which area owns which databases. A delete, fork or sweep of one area touches only its own
-# databases: a run and a memory ref of the same name have keys of the same shape (tenant NUL name
-# NUL), so only the database tells them apart. Every database is declared here, in one area.
-AREAS: dict[str, tuple[bytes, ...]] = {
-    # A run's log and what is derived from it, all under the run's key.
-    "runs": (b"runs", b"events", b"event_ids", b"call_ids", b"iterations", b"counts", b"id_chunks", b"windows",
-             b"log_entries", b"summaries", b"artifacts", b"replay", b"compaction_records",
-             b"fed_forms"),
-    # What a run feeds besides its log (profile, task, agent-state data, usage), under the run's key:
-    # deleted and forked with its run.
-    "run_context": (b"profiles", b"tasks", b"state_data", b"usage"),
-    # Agent memory, under each memory ref's key.
-    "memory": (b"mem_entries", b"mem_docs", b"mem_df", b"mem_postings", b"mem_vectors", b"mem_meta", b"mem_expiry",
-               b"mem_compactions"),
-    # The tenant's kept events (memory.compacted), under the tenant's key.
-    "tenant_events": (b"tenant_events",),
-}
-DATABASES = tuple(name for names in AREAS.values() for name in names)
 _GROW_AT = 0.8  # grow once this fraction of the map is in use
 # The share of [storage] max_map_size that only deletes may use. Freeing N pages costs the
 # freelist about 8N bytes (0.2% of what is freed) plus a few copied branch pages, so 1/32 lets
 # one delete free the whole store.
 DELETE_HEADROOM = 1 / 32
-
-
-def be32(value: int) -> bytes:
-    """Big-endian, so LMDB's byte order is numeric order."""
-    return value.to_bytes(4, "big")
-
-
-def scope(tenant: str, *parts: bytes) -> bytes:
-    """A key prefix: tenant, then each part, each followed by NUL."""
-    return b"".join([tenant.encode("utf-8"), b"\0", *(part + b"\0" for part in parts)])
-
-
-def records_under(txn: lmdb.Transaction, handle: object, prefix: bytes,
-                  start: bytes = b"") -> Iterator[tuple[bytes, bytes]]:
-    """The records whose key starts with ``prefix``, from ``prefix + start`` on, in key order, as
-    (the key after the prefix, the value)."""
-    cursor = txn.cursor(db=handle)
-    if not cursor.set_range(prefix + start):
-        return
-    for key, value in cursor:
-        if not key.startswith(prefix):
-            return
-        yield key[len(prefix):], value
-
-
-def sweep(txn: lmdb.Transaction, handles: dict[str, object], prefix: bytes) -> None:
-    """Delete every record whose key starts with ``prefix`` from these databases (and no others)."""
-    for handle in handles.values():
-        cursor = txn.cursor(db=handle)
-        if cursor.set_range(prefix):
-            while cursor.key().startswith(prefix):
-                if not cursor.delete():  # False: the cursor ran off the end
-                    break
-
-
-def last_under(txn: lmdb.Transaction, handle: object, prefix: bytes, width: int) -> tuple[bytes, bytes] | None:
-    """The record with the greatest key under ``prefix``, when its keys are ``prefix`` and ``width``
-    more bytes: it is just before the first key past them."""
-    cursor = txn.cursor(db=handle)
-    found = cursor.prev() if cursor.set_range(prefix + b"\xff" * width) else cursor.last()
-    if not found or not cursor.key().startswith(prefix):
-        return None
-    return cursor.key()[len(prefix):], cursor.value()
 
 
 class _Gate:

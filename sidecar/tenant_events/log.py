@@ -18,7 +18,8 @@ from typing import Any, Callable, Iterable, Iterator
 import lmdb
 
 from sidecar.errors import WatchFellBehind
-from sidecar.store import Store, last_under, records_under, scope
+from sidecar.storage.environment import Store
+from sidecar.storage.keys import last_under, records_under, scope
 from sidecar.validation import page_within_bytes
 
 MAX_WATCH_BACKLOG = 10_000  # a watcher that falls this far behind is dropped, not the sidecar

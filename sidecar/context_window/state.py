@@ -19,9 +19,9 @@ import jsonschema
 import lmdb
 
 from sidecar.errors import FieldViolation, NotFound, StateInvalid, ValidationError
-from sidecar.records import dump_json, load_json
-from sidecar.redaction import redact_json_text
-from sidecar.store import be32, last_under, records_under
+from sidecar.storage.codec import dump_json, load_json
+from sidecar.text.redaction import redact_json_text
+from sidecar.storage.keys import be32, last_under, records_under
 from sidecar.validation import json_schema_validator
 
 SUBSET = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")

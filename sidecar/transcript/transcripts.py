@@ -14,28 +14,33 @@ from typing import Any, Callable, Sequence
 
 import lmdb
 
-from sidecar import clearing, context_window, forks
-from sidecar.context_window import CacheReport, HistoryCache, Layout, Section
-from sidecar.counting import Counters
+from sidecar.transcript import clearing
+
+from sidecar.context_window import sections as context_window
+
+from sidecar.transcript import forks
+from sidecar.context_window.sections import CacheReport, HistoryCache, Layout, Section
+from sidecar.text.counting import Counters
 from sidecar.errors import NO_DEADLINE, Deadline, NotFound, PluginFailed, SidecarError, ValidationError
-from sidecar.eventlog import (AppendResult, LogWriter, NewEvent, append_host_events, check_request_size, count_events,
+from sidecar.transcript.log import (AppendResult, LogWriter, NewEvent, append_host_events, check_request_size, count_events,
                               iter_records, log_entries_in, prepare_events, read_records)
-from sidecar.policy import HistoryEvent, SummariseInput, SummariseResult, TriggerInput
-from sidecar.profiles import Profile, Task
-from sidecar.records import StoredEvent, decode_event, dump_json, load_json
-from sidecar.redaction import Redactor, redact_json_text
-from sidecar.rendering import HistoryItem
-from sidecar.run_context import RunContexts
-from sidecar.runs import (SIDECAR_ID_PREFIX, Deps, Run, RunSettings, check_given_settings, confirm_settings,
+from sidecar.context_window.policy import HistoryEvent, SummariseInput, SummariseResult, TriggerInput
+from sidecar.context_window.profiles import Profile, Task
+from sidecar.storage.codec import StoredEvent, decode_event, dump_json, load_json
+from sidecar.text.redaction import Redactor, redact_json_text
+from sidecar.context_window.rendering import HistoryItem
+from sidecar.context_window.run_context import RunContexts
+from sidecar.transcript.runs import (SIDECAR_ID_PREFIX, Deps, Run, RunSettings, check_given_settings, confirm_settings,
                           default_settings, load_run, require_run, run_key, save_run)
 from sidecar.settings import ClearingSettings, ContextSettings, RenderSettings
-from sidecar.store import Store, be32
-from sidecar.summaries import (Candidates, Compaction, Summary, SummaryRequest, candidates, compaction_records,
+from sidecar.storage.environment import Store
+from sidecar.storage.keys import be32
+from sidecar.transcript.summaries import (Candidates, Compaction, Summary, SummaryRequest, candidates, compaction_records,
                                extractive_summary, in_force, load_summary, newest_in_force, read_artifact,
                                read_artifacts, record_summary, tokens_of)
-from sidecar.untrusted import fence
+from sidecar.text.fencing import fence
 from sidecar.validation import check_at_least, check_id, page_size, page_within_bytes
-from sidecar.window import (Plan, TranscriptWindow, effective_budget, from_record, persist, plan,
+from sidecar.transcript.window import (Plan, TranscriptWindow, effective_budget, from_record, persist, plan,
                             previous_window_record)
 
 __all__ = ["AppendResult", "AssembledContext", "NewEvent", "RunSettings", "Section", "Summary", "SummaryRequest",

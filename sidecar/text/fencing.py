@@ -137,7 +137,7 @@ def _load_confusables() -> tuple[str, dict[str, str]]:
     """The fence's confusables data, checked: a missing or malformed file, or one that lacks a
     letter's look-alikes, stops the import rather than fold less."""
     try:
-        text = resources.files("sidecar").joinpath(_CONFUSABLES_DATA).read_text(encoding="utf-8")
+        text = resources.files("sidecar.text").joinpath(_CONFUSABLES_DATA).read_text(encoding="utf-8")
         version, mapping = parse_confusables(text)
     except (OSError, ValueError) as error:
         raise RuntimeError(f"sidecar/{_CONFUSABLES_DATA}, the untrusted fence's confusables data, is missing or "
@@ -148,7 +148,7 @@ def _load_confusables() -> tuple[str, dict[str, str]]:
                           for glyph, fold in chars.items())]
     if lacking:
         raise RuntimeError(f"sidecar/{_CONFUSABLES_DATA} (Unicode {version}) has no look-alike of {lacking}: "
-                           f"regenerate it with sidecar/fence_confusables_generate.py")
+                           f"regenerate it with sidecar/text/fence_confusables_generate.py")
     return version, chars
 
 

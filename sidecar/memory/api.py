@@ -43,12 +43,13 @@ from typing import Callable, Iterator, Sequence
 import lmdb
 
 import fastcore
-from sidecar.counting import Counters, TokenCounter
+from sidecar.text.counting import Counters, TokenCounter
 from sidecar.errors import NotFound, ValidationError
-from sidecar.records import dump_json, encode_memory, load_json, memory_content
-from sidecar.redaction import Redactor, refuse_secrets
+from sidecar.storage.codec import dump_json, encode_memory, load_json, memory_content
+from sidecar.text.redaction import Redactor, refuse_secrets
 from sidecar.settings import MemorySettings
-from sidecar.store import Store, be32, records_under, scope
+from sidecar.storage.environment import Store
+from sidecar.storage.keys import be32, records_under, scope
 from sidecar.validation import check_at_least, check_at_most, check_id, page_within_bytes
 
 MAX_REF_BYTES = 256

@@ -24,13 +24,13 @@ import lmdb
 
 from sidecar.errors import Conflict, NotFound, SummaryUnavailable, ValidationError
 import fastcore
-from sidecar import clearing
-from sidecar.eventlog import (CHUNK_EVENTS, LogWriter, NewEvent, host_event_ids, log_entries_before, read_ids,
+from sidecar.transcript import clearing
+from sidecar.transcript.log import (CHUNK_EVENTS, LogWriter, NewEvent, host_event_ids, log_entries_before, read_ids,
                               read_records)
-from sidecar.records import ID_SEPARATOR, StoredEvent, decode_event
-from sidecar.runs import Deps, ForkOrigin, Run, load_run, require_run, save_run
-from sidecar.store import be32, records_under, sweep
-from sidecar.summaries import Summary, in_force, load_summary, newest_in_force, read_artifact, write_summary
+from sidecar.storage.codec import ID_SEPARATOR, StoredEvent, decode_event
+from sidecar.transcript.runs import Deps, ForkOrigin, Run, load_run, require_run, save_run
+from sidecar.storage.keys import be32, records_under, sweep
+from sidecar.transcript.summaries import Summary, in_force, load_summary, newest_in_force, read_artifact, write_summary
 from sidecar.validation import check_at_least
 
 MODES = ("replay", "branch")

@@ -19,13 +19,13 @@ from typing import Callable, Iterator, Sequence
 import lmdb
 
 import fastcore
-from sidecar.counting import Counters
+from sidecar.text.counting import Counters
 from sidecar.errors import Conflict, ValidationError
-from sidecar.records import (ID_SEPARATOR, StoredEvent, decode_event, decode_id_index, encode_event,
+from sidecar.storage.codec import (ID_SEPARATOR, StoredEvent, decode_event, decode_id_index, encode_event,
                              encode_id_index, pack_count)
-from sidecar.runs import SIDECAR_ID_PREFIX, Run, save_run
+from sidecar.transcript.runs import SIDECAR_ID_PREFIX, Run, save_run
 from sidecar.settings import ROLES, ContextSettings
-from sidecar.store import be32
+from sidecar.storage.keys import be32
 from sidecar.validation import check_at_least, check_id, json_field
 
 # 128 packed records are 1.5 KiB: small enough to stay inline in an LMDB leaf page, so an append

@@ -14,19 +14,19 @@ from typing import Any, Callable
 
 import lmdb
 
-from sidecar import agent_state
-from sidecar.agent_state import StateSchemas, Usage
-from sidecar.context_window import Layout, layout
-from sidecar.counting import Counters
+from sidecar.context_window import state as agent_state
+from sidecar.context_window.state import StateSchemas, Usage
+from sidecar.context_window.sections import Layout, layout
+from sidecar.text.counting import Counters
 from sidecar.errors import Conflict, FieldViolation, NotFound, ValidationError
-from sidecar.policy import Policy
-from sidecar.profiles import (STATIC_PARTS, LoadedSkill, PreparedProfile, PreparedTask, Profile, ProfileCache, Task,
+from sidecar.context_window.policy import Policy
+from sidecar.context_window.profiles import (STATIC_PARTS, LoadedSkill, PreparedProfile, PreparedTask, Profile, ProfileCache, Task,
                               check_profile, check_skill, check_task, digest, load_profile, load_task,
                               profile_record, redacted_profile, redacted_task, stored_task, task_record)
-from sidecar.redaction import Redactor, refuse_secrets
-from sidecar.runs import Run, require_run, run_key, save_run
+from sidecar.text.redaction import Redactor, refuse_secrets
+from sidecar.transcript.runs import Run, require_run, run_key, save_run
 from sidecar.settings import ContextSettings
-from sidecar.store import Store
+from sidecar.storage.environment import Store
 
 HOST_DEFINED = "host-defined"
 

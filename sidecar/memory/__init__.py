@@ -1,0 +1,1 @@
+"""The memory area: entries under a memory ref, their ranking index, and compaction."""

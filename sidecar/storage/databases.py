@@ -1,0 +1,28 @@
+"""The database registry: every named LMDB database, grouped by the area that owns it.
+
+An area's schema module (``sidecar/<area>/schema.py``) owns the keys and records inside its
+databases; this registry only says which databases exist and whose they are, so that a delete,
+fork or sweep of one area can be confined to its own databases, and a store of another layout
+is refused at start (``environment.Store``).
+"""
+
+from __future__ import annotations
+
+# Which area owns which databases. A delete, fork or sweep of one area touches only its own
+# databases: a run and a memory ref of the same name have keys of the same shape (tenant NUL name
+# NUL), so only the database tells them apart. Every database is declared here, in one area.
+AREAS: dict[str, tuple[bytes, ...]] = {
+    # A run's log and what is derived from it, all under the run's key.
+    "runs": (b"runs", b"events", b"event_ids", b"call_ids", b"iterations", b"counts", b"id_chunks", b"windows",
+             b"log_entries", b"summaries", b"artifacts", b"replay", b"compaction_records",
+             b"fed_forms"),
+    # What a run feeds besides its log (profile, task, agent-state data, usage), under the run's key:
+    # deleted and forked with its run.
+    "run_context": (b"profiles", b"tasks", b"state_data", b"usage"),
+    # Agent memory, under each memory ref's key.
+    "memory": (b"mem_entries", b"mem_docs", b"mem_df", b"mem_postings", b"mem_vectors", b"mem_meta", b"mem_expiry",
+               b"mem_compactions"),
+    # The tenant's kept events (memory.compacted), under the tenant's key.
+    "tenant_events": (b"tenant_events",),
+}
+DATABASES = tuple(name for names in AREAS.values() for name in names)
