@@ -38,11 +38,11 @@ import random
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import fmean
-from typing import Sequence
 
 import grpc
 
@@ -50,10 +50,10 @@ from benchmarks import corpus
 from benchmarks.context_window import TOOLS, profile
 from benchmarks.harness import Samples, sidecar_process
 from benchmarks.prompt_cache import AnthropicCache, OpenAICache, TokenCache, anthropic_blocks, openai_blocks
-from sidecar.text.encodings import load_encoding
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
 from sidecar.settings import ConfigError, env_name, load_settings
+from sidecar.text.encodings import load_encoding
 
 SHAPES = ("chat", "tools")
 MODES = ("off", "host", "builtin")

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import random
-from typing import Iterator, NamedTuple
+from collections.abc import Iterator
+from typing import NamedTuple
 
 EVENTS_PER_TURN = 4
 _WORDS = ("the agent reads the file and calls a tool to search for the refund policy then it summarises "

@@ -24,10 +24,10 @@ import time
 from pathlib import Path
 
 from benchmarks.corpus import _WORDS
-from sidecar.text.counting import Counters
-from sidecar.transcript.log import NewEvent
 from sidecar.settings import ContextSettings
 from sidecar.storage.environment import Store
+from sidecar.text.counting import Counters
+from sidecar.transcript.log import NewEvent
 from sidecar.transcript.transcripts import Transcripts
 
 TENANT = "bench"

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import json
 from array import array
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import tiktoken
 

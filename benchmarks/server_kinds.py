@@ -48,10 +48,11 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -60,9 +61,9 @@ from grpc_reflection.v1alpha import reflection
 from benchmarks import corpus
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
+from sidecar.settings import ContextSettings, ServerSettings, Settings, StorageSettings
 from sidecar.wire.server import SERVICE_NAME, Services, bound_address, build_server, servicer_for, start
 from sidecar.wire.servicer import add_servicer_to_server
-from sidecar.settings import ContextSettings, ServerSettings, Settings, StorageSettings
 
 KINDS = ("sync", "aio-inline", "aio-threadpool")
 CALLS = ("bare", "read", "write")

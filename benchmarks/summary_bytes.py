@@ -27,9 +27,9 @@ import lmdb
 from benchmarks.harness import sidecar_process
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
-from sidecar.transcript.runs import SIDECAR_ID_PREFIX, run_key
 from sidecar.storage.databases import DATABASES
 from sidecar.storage.keys import be32
+from sidecar.transcript.runs import SIDECAR_ID_PREFIX, run_key
 from sidecar.transcript.summaries import SUMMARIZED_TYPE, Summary
 
 RUN = "long"
@@ -62,7 +62,7 @@ def bytes_written(txn: lmdb.Transaction, db: dict, key: bytes, index: int) -> in
     summary = Summary.parse(stored)  # either layout
     seq_key = key + be32(summary.seq)
     artifact_key = key + summary.ref.encode("utf-8")
-    entry_id_key = key + f"{SIDECAR_ID_PREFIX}{SUMMARIZED_TYPE}:{index}".encode("utf-8")
+    entry_id_key = key + f"{SIDECAR_ID_PREFIX}{SUMMARIZED_TYPE}:{index}".encode()
     records = [("summaries", summary_key), ("compaction_records", summary_key), ("artifacts", artifact_key),
                ("events", seq_key), ("event_ids", entry_id_key), ("log_entries", seq_key)]
     total = 0

@@ -27,9 +27,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from benchmarks import corpus
 from benchmarks.harness import Samples, interleaved, sidecar_process
-from sidecar.text.encodings import load_encoding
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
+from sidecar.text.encodings import load_encoding
 
 BUDGETS = (8000, 32000)
 

@@ -9,8 +9,15 @@ Python, because the sidecar's latency figures are only true of the compiled code
 """
 
 try:
-    from fastcore._fastcore import (NOT_A_UNIT, RECORD_SIZE, compaction_cut, count_code_points,
-                                    select_stable_window, select_window, splits_group)
+    from fastcore._fastcore import (
+        NOT_A_UNIT,
+        RECORD_SIZE,
+        compaction_cut,
+        count_code_points,
+        select_stable_window,
+        select_window,
+        splits_group,
+    )
     from fastcore._matcher import MultiMatcher
     from fastcore._search import bm25_top, cosine_top
 except ImportError as exc:  # pragma: no cover - exercised by a subprocess test

@@ -13,7 +13,7 @@ earlier one, even where a different choice would have found more matches.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def _bytes(value: object) -> bytes:

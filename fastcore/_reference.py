@@ -17,7 +17,7 @@ bytes, three little-endian uint32 fields:
 from __future__ import annotations
 
 import struct
-from typing import Sequence
+from collections.abc import Sequence
 
 RECORD_SIZE = 12
 NOT_A_UNIT = 0xFFFFFFFF  # group_first of a log entry that is not transcript (context.summarized)

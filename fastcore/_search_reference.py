@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import operator
 import struct
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 POSTING_SIZE = 8
 LANES = 8  # cosine sums run in this many interleaved lanes (a power of two)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from sidecar.settings import CONFIG_ENV, ConfigError, env_name, flag_name, load_settings, option_fields
 

@@ -13,8 +13,9 @@ import os
 import re
 import tomllib
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 ENV_PREFIX = "CONTEXT_SIDECAR_"
 CONFIG_ENV = ENV_PREFIX + "CONFIG"

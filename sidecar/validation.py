@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any, Callable, Iterable, TypeVar
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 import jsonschema
 

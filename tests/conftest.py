@@ -4,20 +4,30 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import grpc
 import pytest
 
-from sidecar.text.counting import Counters
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
+from sidecar.settings import (
+    AuthSettings,
+    ClearingSettings,
+    ContextSettings,
+    MemoryCompactionSettings,
+    MemorySettings,
+    RenderSettings,
+    ServerSettings,
+    Settings,
+    StorageSettings,
+    TenantCredential,
+)
+from sidecar.storage.environment import Store
+from sidecar.text.counting import Counters
+from sidecar.transcript.transcripts import Transcripts
 from sidecar.wire import server as server_module
 from sidecar.wire.server import Services, build_server
-from sidecar.settings import (AuthSettings, ClearingSettings, ContextSettings, MemoryCompactionSettings, MemorySettings, RenderSettings, ServerSettings,
-                              Settings, StorageSettings, TenantCredential)
-from sidecar.storage.environment import Store
-from sidecar.transcript.transcripts import Transcripts
 
 TENANT = "default"
 

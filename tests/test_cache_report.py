@@ -10,8 +10,8 @@ import json
 import grpc
 import pytest
 
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.context_window.rendering import CONTINUED, NO_MESSAGES, NO_RESULT
+from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.settings import ConfigError, load_settings
 from tests.test_server import call_error
 

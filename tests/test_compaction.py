@@ -13,14 +13,14 @@ import grpc
 import jsonschema
 import pytest
 
-from sidecar.memory.compaction import Compactor, distil
 from sidecar.errors import WatchFellBehind
-from sidecar.tenant_events.log import EventLog
 from sidecar.memory.api import Memories
+from sidecar.memory.compaction import Compactor, distil
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
-from sidecar.text.redaction import Redactor
 from sidecar.settings import MemoryCompactionSettings, MemorySettings
 from sidecar.storage.environment import Store
+from sidecar.tenant_events.log import EventLog
+from sidecar.text.redaction import Redactor
 from tests.test_memory import TOKENS, Tenant
 from tests.test_redaction import DETECTED
 from tests.test_server import call_error, rich_error
@@ -180,8 +180,9 @@ def test_distilled_text_is_redacted_even_when_its_sources_were_not(tmp_path, cou
 
 
 def test_distillation_is_deterministic(counters) -> None:
-    from sidecar.memory.api import Source, terms
     from collections import Counter
+
+    from sidecar.memory.api import Source, terms
     sources = [Source(f"n{i}", i, note(i), (), Counter(terms(note(i)))) for i in range(40)]
     counter = counters.get("o200k_base")
     first, second = distil(counter, sources, 300, 16384), distil(counter, list(sources), 300, 16384)

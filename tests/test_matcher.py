@@ -12,9 +12,9 @@ import random
 import threading
 
 import pytest
+from fastcore._matcher import MultiMatcher
 
 from fastcore import _matcher
-from fastcore._matcher import MultiMatcher
 from fastcore._matcher_reference import MultiMatcher as Reference
 
 MATCHERS = pytest.mark.parametrize("cls", [MultiMatcher, Reference], ids=["compiled", "twin"])

@@ -12,9 +12,9 @@ import pytest
 
 from sidecar.memory import api as memory_module
 from sidecar.memory.api import BM25_B, BM25_K1, ListRequest, Memories
+from sidecar.settings import MemorySettings
 from sidecar.storage.codec import MemoryRecord
 from sidecar.text.redaction import Redactor
-from sidecar.settings import MemorySettings
 
 WORDS = ["alpha", "beta", "gamma", "delta", "policy", "refund", "order", "ship", "label", "zeta",
          "ünïcödé", "日本", "common"]

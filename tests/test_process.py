@@ -17,9 +17,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from sidecar.text.encodings import bundled_dir
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
+from sidecar.text.encodings import bundled_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 READY = "context-sidecar serving on "

@@ -6,8 +6,14 @@ import json
 
 import pytest
 
-from benchmarks.prompt_cache import (FRAMING_TOKENS, AnthropicCache, OpenAICache, TokenCache, anthropic_blocks,
-                                     openai_blocks)
+from benchmarks.prompt_cache import (
+    FRAMING_TOKENS,
+    AnthropicCache,
+    OpenAICache,
+    TokenCache,
+    anthropic_blocks,
+    openai_blocks,
+)
 from sidecar.text.encodings import load_encoding
 
 ENCODING = load_encoding("o200k_base")

@@ -6,14 +6,26 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import replace
 import re
+from dataclasses import replace
 
 import pytest
 
-from sidecar.context_window.rendering import (CONTINUED, NO_MESSAGES, NO_RESULT, HistoryItem, TextSection, Tool, anthropic_first_block,
-                               anthropic_messages, anthropic_rolling, anthropic_static, canonical_tools_json,
-                               openai_responses, openai_static)
+from sidecar.context_window.rendering import (
+    CONTINUED,
+    NO_MESSAGES,
+    NO_RESULT,
+    HistoryItem,
+    TextSection,
+    Tool,
+    anthropic_first_block,
+    anthropic_messages,
+    anthropic_rolling,
+    anthropic_static,
+    canonical_tools_json,
+    openai_responses,
+    openai_static,
+)
 
 OPENAI_KEYS = ["instructions", "input", "tools", "prompt_cache_key", "store"]
 RETENTIONS = ("in_memory", "24h")  # what the Responses API takes for prompt_cache_retention

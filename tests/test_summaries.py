@@ -8,8 +8,8 @@ import pytest
 
 from sidecar.errors import Conflict, ValidationError
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
-from sidecar.transcript.transcripts import NewEvent, SummaryRequest
 from sidecar.text.fencing import fence
+from sidecar.transcript.transcripts import NewEvent, SummaryRequest
 from tests.conftest import TENANT, assemble
 
 

@@ -7,8 +7,8 @@ import random
 import pytest
 
 from sidecar.errors import Conflict, NotFound, TokenBudgetExceeded, ValidationError
-from sidecar.transcript.transcripts import NewEvent, TranscriptWindow
 from sidecar.text.fencing import fence
+from sidecar.transcript.transcripts import NewEvent, TranscriptWindow
 from tests.conftest import TENANT, assemble
 
 

@@ -13,8 +13,8 @@ import random
 import subprocess
 import sys
 import unicodedata
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 

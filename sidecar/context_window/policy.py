@@ -27,9 +27,10 @@ A plugin's answer is checked; a plugin that raises or answers nonsense fails the
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from typing import Any, Callable, Generic, Mapping, TypeVar
+from typing import Any, Generic, TypeVar
 
 from sidecar.errors import PluginFailed
 

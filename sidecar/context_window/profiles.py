@@ -14,20 +14,27 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import lmdb
 
-from sidecar.text.counting import Counters
+from sidecar.context_window.rendering import (
+    AnthropicStatic,
+    OpenAIStatic,
+    TextSection,
+    Tool,
+    anthropic_static,
+    canonical_tools_json,
+    openai_static,
+)
 from sidecar.errors import NotFound, ValidationError
-from sidecar.transcript.log import TOOL_NAME
 from sidecar.storage.codec import dump_json, load_json
-from sidecar.context_window.rendering import (AnthropicStatic, OpenAIStatic, TextSection, Tool, anthropic_static,
-                               canonical_tools_json, openai_static)
-from sidecar.transcript.runs import Run
 from sidecar.text.fencing import fence
 from sidecar.text.redaction import redact_json_text, refuse_secrets
+from sidecar.transcript.log import TOOL_NAME
+from sidecar.transcript.runs import Run
 from sidecar.validation import check_id, json_field, json_schema_validator
 
 STATIC_PARTS = ("system_prompt", "participants", "agents", "skills_index", "tools")

@@ -36,9 +36,9 @@ import functools
 import hashlib
 import json
 import re
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from json.encoder import encode_basestring  # the C encoder: json.dumps(s, ensure_ascii=False) for a str
-from typing import Callable, Collection, Sequence
 
 # Fed in place of what is missing, fixed so the same history always renders the same bytes.
 NO_RESULT = "(no result was recorded for this call)"

@@ -9,24 +9,42 @@ finds their prepared form in the cache without reading them.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any
 
 import lmdb
 
 from sidecar.context_window import state as agent_state
-from sidecar.context_window.state import StateSchemas, Usage
-from sidecar.context_window.sections import Layout, layout
-from sidecar.text.counting import Counters
-from sidecar.errors import Conflict, FieldViolation, NotFound, ValidationError
 from sidecar.context_window.policy import Policy
-from sidecar.context_window.profiles import (STATIC_PARTS, LoadedSkill, PreparedProfile, PreparedTask, Profile, ProfileCache, Task,
-                              check_profile, check_skill, check_task, digest, load_profile, load_task,
-                              profile_record, redacted_profile, redacted_task, stored_task, task_record)
-from sidecar.text.redaction import Redactor, refuse_secrets
-from sidecar.transcript.runs import Run, require_run, run_key, save_run
+from sidecar.context_window.profiles import (
+    STATIC_PARTS,
+    LoadedSkill,
+    PreparedProfile,
+    PreparedTask,
+    Profile,
+    ProfileCache,
+    Task,
+    check_profile,
+    check_skill,
+    check_task,
+    digest,
+    load_profile,
+    load_task,
+    profile_record,
+    redacted_profile,
+    redacted_task,
+    stored_task,
+    task_record,
+)
+from sidecar.context_window.sections import Layout, layout
+from sidecar.context_window.state import StateSchemas, Usage
+from sidecar.errors import Conflict, FieldViolation, NotFound, ValidationError
 from sidecar.settings import ContextSettings
 from sidecar.storage.environment import Store
+from sidecar.text.counting import Counters
+from sidecar.text.redaction import Redactor, refuse_secrets
+from sidecar.transcript.runs import Run, require_run, run_key, save_run
 
 HOST_DEFINED = "host-defined"
 

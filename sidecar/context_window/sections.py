@@ -15,17 +15,32 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
-from sidecar.transcript.clearing import may_be_cleared
-from sidecar.errors import TokenBudgetExceeded, ValidationError
 from sidecar.context_window.policy import KeepInput, Policy, SectionTokens
 from sidecar.context_window.profiles import STATIC_PARTS, CountedSection, PreparedProfile, PreparedTask, prefix, statics
+from sidecar.context_window.rendering import (
+    ANTHROPIC_MAX_BREAKPOINTS,
+    AnthropicStatic,
+    HistoryItem,
+    OpenAIStatic,
+    Part,
+    TextSection,
+    anthropic_messages,
+    anthropic_parts_and_first,
+    anthropic_rolling,
+    is_blank,
+    item_key,
+    openai_parts,
+    openai_responses,
+    quote,
+    task_part,
+    task_part_names,
+)
+from sidecar.errors import TokenBudgetExceeded, ValidationError
 from sidecar.storage.codec import StoredEvent, decode_event
-from sidecar.context_window.rendering import (ANTHROPIC_MAX_BREAKPOINTS, AnthropicStatic, HistoryItem, OpenAIStatic, Part, TextSection,
-                               anthropic_messages, anthropic_parts_and_first, anthropic_rolling, digest,
-                               is_blank, item_key, openai_parts, openai_responses, quote, task_part, task_part_names)
+from sidecar.transcript.clearing import may_be_cleared
 from sidecar.transcript.window import TranscriptWindow
 
 RENDERINGS = ("openai_responses", "anthropic_messages")

@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import jsonschema
 import lmdb
 
 from sidecar.errors import FieldViolation, NotFound, StateInvalid, ValidationError
 from sidecar.storage.codec import dump_json, load_json
-from sidecar.text.redaction import redact_json_text
 from sidecar.storage.keys import be32, last_under, records_under
+from sidecar.text.redaction import redact_json_text
 from sidecar.validation import json_schema_validator
 
 SUBSET = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")

@@ -37,19 +37,19 @@ import secrets
 import struct
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence
 
 import lmdb
 
 import fastcore
-from sidecar.text.counting import Counters, TokenCounter
 from sidecar.errors import NotFound, ValidationError
-from sidecar.storage.codec import dump_json, encode_memory, load_json, memory_content
-from sidecar.text.redaction import Redactor, refuse_secrets
 from sidecar.settings import MemorySettings
+from sidecar.storage.codec import dump_json, encode_memory, load_json, memory_content
 from sidecar.storage.environment import Store
 from sidecar.storage.keys import be32, records_under, scope
+from sidecar.text.counting import Counters, TokenCounter
+from sidecar.text.redaction import Redactor, refuse_secrets
 from sidecar.validation import check_at_least, check_at_most, check_id, page_within_bytes
 
 MAX_REF_BYTES = 256

@@ -22,16 +22,16 @@ import re
 import sys
 import threading
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import lmdb
 
 from sidecar.errors import Aborted, SidecarError, TokenBudgetExceeded, ValidationError
-from sidecar.tenant_events.log import Event, EventLog, timestamp
 from sidecar.memory.api import MAX_TAGS, Memories, Source, check_ref, terms
 from sidecar.settings import MemoryCompactionSettings
 from sidecar.storage.keys import scope
+from sidecar.tenant_events.log import Event, EventLog, timestamp
 from sidecar.validation import check_at_least, check_id
 
 log = logging.getLogger(__name__)

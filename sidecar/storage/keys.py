@@ -8,7 +8,7 @@ the areas' schema modules import ``lmdb`` itself.
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import lmdb
 

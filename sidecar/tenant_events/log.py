@@ -10,10 +10,11 @@ from __future__ import annotations
 import json
 import queue
 import threading
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from itertools import islice
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 import lmdb
 
@@ -37,7 +38,7 @@ class Event:
 
 def timestamp(ms: int) -> str:
     """RFC 0012's ts: ISO 8601, UTC, milliseconds."""
-    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
 
 
 class Watch:

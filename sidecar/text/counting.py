@@ -8,16 +8,17 @@ own). tiktoken counts use ``encode_ordinary``: text that looks like a special to
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Protocol
 
 import tiktoken
 
 import fastcore
-from sidecar.text.encodings import SUPPORTED as TIKTOKEN_ENCODINGS
-from sidecar.text.encodings import load_encoding
 from sidecar.errors import TokenBudgetExceeded, ValidationError
 from sidecar.settings import TOKEN_COUNTERS
+from sidecar.text.encodings import SUPPORTED as TIKTOKEN_ENCODINGS
+from sidecar.text.encodings import load_encoding
 
 
 class TokenCounter(Protocol):

@@ -24,10 +24,10 @@ import html
 import re
 import unicodedata
 from bisect import bisect_right
+from collections.abc import Iterator, Sequence
 from functools import lru_cache
 from importlib import resources
 from itertools import accumulate
-from typing import Iterator, Sequence
 
 KEYWORD = "sidecar-untrusted"
 # Short, since every tool result carries it (~15 tokens); it must not end in a beginning of the

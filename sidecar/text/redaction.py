@@ -17,8 +17,9 @@ from __future__ import annotations
 import json
 import re
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import fastcore
 from sidecar.errors import ValidationError

@@ -39,13 +39,13 @@ from dataclasses import dataclass, replace
 import lmdb
 
 import fastcore
-from sidecar.transcript.log import CHUNK_EVENTS, LogWriter, prefix_end, read_counts
-from sidecar.storage.codec import StoredEvent, decode_event, dump_json, load_json
-from sidecar.transcript.runs import SIDECAR_ID_PREFIX, Deps
 from sidecar.settings import ClearingSettings
+from sidecar.storage.codec import StoredEvent, decode_event, dump_json, load_json
 from sidecar.storage.keys import be32, records_under
-from sidecar.transcript.summaries import in_force, put_compaction_record
 from sidecar.text.fencing import split_block
+from sidecar.transcript.log import CHUNK_EVENTS, LogWriter, prefix_end, read_counts
+from sidecar.transcript.runs import SIDECAR_ID_PREFIX, Deps
+from sidecar.transcript.summaries import in_force, put_compaction_record
 
 CLEARED_TYPE = "context.cleared"
 _COUNT = struct.Struct("<III")

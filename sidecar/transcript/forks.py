@@ -18,18 +18,26 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import lmdb
 
-from sidecar.errors import Conflict, NotFound, SummaryUnavailable, ValidationError
 import fastcore
-from sidecar.transcript import clearing
-from sidecar.transcript.log import (CHUNK_EVENTS, LogWriter, NewEvent, host_event_ids, log_entries_before, read_ids,
-                              read_records)
+from sidecar.errors import Conflict, NotFound, SummaryUnavailable, ValidationError
 from sidecar.storage.codec import ID_SEPARATOR, StoredEvent, decode_event
-from sidecar.transcript.runs import Deps, ForkOrigin, Run, load_run, require_run, save_run
 from sidecar.storage.keys import be32, records_under, sweep
+from sidecar.transcript import clearing
+from sidecar.transcript.log import (
+    CHUNK_EVENTS,
+    LogWriter,
+    NewEvent,
+    host_event_ids,
+    log_entries_before,
+    read_ids,
+    read_records,
+)
+from sidecar.transcript.runs import Deps, ForkOrigin, Run, load_run, require_run, save_run
 from sidecar.transcript.summaries import Summary, in_force, load_summary, newest_in_force, read_artifact, write_summary
 from sidecar.validation import check_at_least
 

@@ -12,20 +12,27 @@ in a shorter form from some turn on (``clearing``), then that form's.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from itertools import islice
-from typing import Callable, Iterator, Sequence
 
 import lmdb
 
 import fastcore
-from sidecar.text.counting import Counters
 from sidecar.errors import Conflict, ValidationError
-from sidecar.storage.codec import (ID_SEPARATOR, StoredEvent, decode_event, decode_id_index, encode_event,
-                             encode_id_index, pack_count)
-from sidecar.transcript.runs import SIDECAR_ID_PREFIX, Run, save_run
 from sidecar.settings import ROLES, ContextSettings
+from sidecar.storage.codec import (
+    ID_SEPARATOR,
+    StoredEvent,
+    decode_event,
+    decode_id_index,
+    encode_event,
+    encode_id_index,
+    pack_count,
+)
 from sidecar.storage.keys import be32
+from sidecar.text.counting import Counters
+from sidecar.transcript.runs import SIDECAR_ID_PREFIX, Run, save_run
 from sidecar.validation import check_at_least, check_id, json_field
 
 # 128 packed records are 1.5 KiB: small enough to stay inline in an LMDB leaf page, so an append

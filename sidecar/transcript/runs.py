@@ -12,11 +12,11 @@ from typing import Any
 
 import lmdb
 
-from sidecar.text.counting import Counters
 from sidecar.errors import Conflict, FieldViolation, NotFound, ValidationError
-from sidecar.storage.codec import dump_json, load_json
 from sidecar.settings import STRATEGIES, ContextSettings
+from sidecar.storage.codec import dump_json, load_json
 from sidecar.storage.keys import scope
+from sidecar.text.counting import Counters
 from sidecar.validation import check_at_least, check_id
 
 # Ids the sidecar makes (summary refs, its own log entries) start with this; hosts may not.

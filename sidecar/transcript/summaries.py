@@ -23,20 +23,28 @@ import hashlib
 import json
 import struct
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import islice
-from typing import Callable, Iterator
 
 import lmdb
 
 import fastcore
 from sidecar.errors import Conflict, FieldViolation, SummaryUnavailable, ValidationError
-from sidecar.transcript.log import LogWriter, count_texts, host_event_ids, log_entries_in, prefix_end, read_counts, read_ids
-from sidecar.storage.codec import StoredEvent, decode_event, decode_id_index, dump_json, encode_event, load_json
-from sidecar.transcript.runs import SIDECAR_ID_PREFIX, Deps, Run, run_id_of
 from sidecar.settings import STRATEGIES
+from sidecar.storage.codec import StoredEvent, decode_event, decode_id_index, dump_json, encode_event, load_json
 from sidecar.storage.keys import be32, records_under
 from sidecar.text.fencing import is_fenced
+from sidecar.transcript.log import (
+    LogWriter,
+    count_texts,
+    host_event_ids,
+    log_entries_in,
+    prefix_end,
+    read_counts,
+    read_ids,
+)
+from sidecar.transcript.runs import SIDECAR_ID_PREFIX, Deps, Run, run_id_of
 from sidecar.validation import check_at_least, check_id
 
 SUMMARY_TYPE = "context.summary"  # the summary's entry in a window

@@ -9,39 +9,77 @@ land together or not at all. The work lives in one module per concern: ``runs``,
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import lmdb
 
-from sidecar.transcript import clearing
-
 from sidecar.context_window import sections as context_window
-
-from sidecar.transcript import forks
-from sidecar.context_window.sections import CacheReport, HistoryCache, Layout, Section
-from sidecar.text.counting import Counters
-from sidecar.errors import NO_DEADLINE, Deadline, NotFound, PluginFailed, SidecarError, ValidationError
-from sidecar.transcript.log import (AppendResult, LogWriter, NewEvent, append_host_events, check_request_size, count_events,
-                              iter_records, log_entries_in, prepare_events, read_records)
 from sidecar.context_window.policy import HistoryEvent, SummariseInput, SummariseResult, TriggerInput
 from sidecar.context_window.profiles import Profile, Task
-from sidecar.storage.codec import StoredEvent, decode_event, dump_json, load_json
-from sidecar.text.redaction import Redactor, redact_json_text
 from sidecar.context_window.rendering import HistoryItem
 from sidecar.context_window.run_context import RunContexts
-from sidecar.transcript.runs import (SIDECAR_ID_PREFIX, Deps, Run, RunSettings, check_given_settings, confirm_settings,
-                          default_settings, load_run, require_run, run_key, save_run)
+from sidecar.context_window.sections import CacheReport, HistoryCache, Layout, Section
+from sidecar.errors import NO_DEADLINE, Deadline, NotFound, PluginFailed, SidecarError, ValidationError
 from sidecar.settings import ClearingSettings, ContextSettings, RenderSettings
+from sidecar.storage.codec import StoredEvent, decode_event, dump_json, load_json
 from sidecar.storage.environment import Store
 from sidecar.storage.keys import be32
-from sidecar.transcript.summaries import (Candidates, Compaction, Summary, SummaryRequest, candidates, compaction_records,
-                               extractive_summary, in_force, load_summary, newest_in_force, read_artifact,
-                               read_artifacts, record_summary, tokens_of)
+from sidecar.text.counting import Counters
 from sidecar.text.fencing import fence
+from sidecar.text.redaction import Redactor, redact_json_text
+from sidecar.transcript import clearing, forks
+from sidecar.transcript.log import (
+    AppendResult,
+    LogWriter,
+    NewEvent,
+    append_host_events,
+    check_request_size,
+    count_events,
+    iter_records,
+    log_entries_in,
+    prepare_events,
+    read_records,
+)
+from sidecar.transcript.runs import (
+    SIDECAR_ID_PREFIX,
+    Deps,
+    Run,
+    RunSettings,
+    check_given_settings,
+    confirm_settings,
+    default_settings,
+    load_run,
+    require_run,
+    run_key,
+    save_run,
+)
+from sidecar.transcript.summaries import (
+    Candidates,
+    Compaction,
+    Summary,
+    SummaryRequest,
+    candidates,
+    compaction_records,
+    extractive_summary,
+    load_summary,
+    newest_in_force,
+    read_artifact,
+    read_artifacts,
+    record_summary,
+    tokens_of,
+)
+from sidecar.transcript.window import (
+    Plan,
+    TranscriptWindow,
+    effective_budget,
+    from_record,
+    persist,
+    plan,
+    previous_window_record,
+)
 from sidecar.validation import check_at_least, check_id, page_size, page_within_bytes
-from sidecar.transcript.window import (Plan, TranscriptWindow, effective_budget, from_record, persist, plan,
-                            previous_window_record)
 
 __all__ = ["AppendResult", "AssembledContext", "NewEvent", "RunSettings", "Section", "Summary", "SummaryRequest",
            "TranscriptWindow", "Transcripts"]

@@ -16,16 +16,24 @@ from typing import Any
 import lmdb
 
 import fastcore
-from sidecar.transcript.clearing import current_forms, forms_listed, window_record
 from sidecar.errors import TokenBudgetExceeded, TranscriptWindowExceeded
-from sidecar.transcript.log import CHUNK_EVENTS, log_entries_before, log_entries_in, prefix_end, read_ids, read_records
-from sidecar.storage.codec import StoredEvent, decode_event, dump_json, load_json
-from sidecar.text.counting import TokenCounter
-from sidecar.transcript.runs import Deps, Run, load_run, save_run
+from sidecar.storage.codec import StoredEvent, decode_event, dump_json
 from sidecar.storage.keys import be32
-from sidecar.transcript.summaries import (NO_SUMMARY, Compaction, Summary, feedable_tokens, in_force, load_summary,
-                               newest_in_force, read_artifacts)
+from sidecar.text.counting import TokenCounter
 from sidecar.text.fencing import split_block
+from sidecar.transcript.clearing import current_forms, forms_listed, window_record
+from sidecar.transcript.log import CHUNK_EVENTS, log_entries_before, log_entries_in, prefix_end, read_ids, read_records
+from sidecar.transcript.runs import Deps, Run, load_run, save_run
+from sidecar.transcript.summaries import (
+    NO_SUMMARY,
+    Compaction,
+    Summary,
+    feedable_tokens,
+    in_force,
+    load_summary,
+    newest_in_force,
+    read_artifacts,
+)
 
 MAX_COUNT = 2**31 - 1
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from sidecar.text import fencing as untrusted
 from sidecar.settings import ContextSettings, MemoryCompactionSettings, MemorySettings
+from sidecar.text import fencing as untrusted
 
 EXECUTION_MODEL_VERSION = 5  # RFC 0061's stateful loop, which contextBudget is gated on
 

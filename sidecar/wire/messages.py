@@ -5,10 +5,18 @@ from __future__ import annotations
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from sidecar.context_window.state import Usage
+from sidecar.context_window.profiles import (
+    LoadedSkill,
+    Participant,
+    Profile,
+    RemoteAgent,
+    SkillSummary,
+    Task,
+    ToolDefinition,
+)
 from sidecar.context_window.sections import CacheReport, Section
+from sidecar.context_window.state import Usage
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
-from sidecar.context_window.profiles import (LoadedSkill, Participant, Profile, RemoteAgent, SkillSummary, Task, ToolDefinition)
 from sidecar.storage.codec import StoredEvent
 
 

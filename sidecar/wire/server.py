@@ -7,30 +7,31 @@ import inspect
 import logging
 import signal
 import threading
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from sidecar.wire.capabilities import capability_document
-from sidecar.text.counting import Counters
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
-from sidecar.memory.compaction import BackgroundJob, Compactor
-from sidecar.tenant_events.log import EventLog
-from sidecar.memory.api import Memories
-from sidecar.text.redaction import Redactor
-from sidecar.wire.servicer import ContextSidecarServicer, TenantOf, add_servicer_to_server
-from sidecar.context_window.state import StateSchemas
-from sidecar.errors import SidecarError
 from sidecar.context_window.policy import load_policy
 from sidecar.context_window.run_context import RunContexts
+from sidecar.context_window.state import StateSchemas
+from sidecar.errors import SidecarError
+from sidecar.memory.api import Memories
+from sidecar.memory.compaction import BackgroundJob, Compactor
+from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.settings import ConfigError, Settings
 from sidecar.storage.environment import Store
+from sidecar.tenant_events.log import EventLog
+from sidecar.text.counting import Counters
+from sidecar.text.redaction import Redactor
 from sidecar.transcript.transcripts import Transcripts
+from sidecar.wire.capabilities import capability_document
+from sidecar.wire.servicer import ContextSidecarServicer, TenantOf, add_servicer_to_server
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ContextSidecar"].full_name

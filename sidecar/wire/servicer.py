@@ -11,24 +11,31 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool, message, message_factory
 
-from sidecar.memory.compaction import Compactor
 from sidecar.errors import CompactionDisabled, Unauthenticated
-from sidecar.tenant_events.log import Event, EventLog
 from sidecar.memory.api import ListRequest, Memories, MemoryList
+from sidecar.memory.compaction import Compactor
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
-from sidecar.storage.codec import StoredEvent
-from sidecar.text.redaction import Redactor
 from sidecar.settings import TenantCredential
-from sidecar.wire.status import RateLimitedLog, answers_errors, deadline_of, lenient_deserializer
-from sidecar.wire import messages
-from sidecar.transcript.transcripts import AppendResult, AssembledContext, NewEvent, RunSettings, SummaryRequest, Transcripts
+from sidecar.tenant_events.log import Event, EventLog
+from sidecar.text.redaction import Redactor
+from sidecar.transcript.transcripts import (
+    AppendResult,
+    AssembledContext,
+    NewEvent,
+    RunSettings,
+    SummaryRequest,
+    Transcripts,
+)
 from sidecar.validation import check_at_least, check_id, page_size
+from sidecar.wire import messages
+from sidecar.wire.status import RateLimitedLog, answers_errors, deadline_of, lenient_deserializer
 
 # With no tenants configured, every call belongs to this one tenant.
 DEFAULT_TENANT = "default"

@@ -13,7 +13,8 @@ import inspect
 import logging
 import threading
 import time
-from typing import Any, Callable, Iterator, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import grpc
 from google.protobuf import message
