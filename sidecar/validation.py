@@ -19,6 +19,7 @@ from sidecar.errors import ValidationError
 
 T = TypeVar("T")
 MAX_ID_BYTES = 256
+MAX_COUNT = 2**31 - 1  # counts, sequence numbers and token figures travel as int32 on the wire
 _CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -29,11 +30,23 @@ def check_id(field: str, value: str, *, required: bool = True, max_bytes: int = 
             raise ValidationError.field(field, "is required")
         return b""
     encoded = value.encode("utf-8")
-    if len(encoded) > max_bytes:
-        raise ValidationError.field(field, f"is {len(encoded)} bytes; at most {max_bytes} are allowed")
+    _check_size(field, len(encoded), max_bytes)
     if _CONTROL_CHARACTERS.search(value):
         raise ValidationError.field(field, "contains a control character")
     return encoded
+
+
+def check_text_bytes(field: str, text: str, limit: int, setting: str = "") -> str:
+    """The text, when its UTF-8 form is at most ``limit`` bytes; else the error naming ``field``
+    and, when a setting sets the limit, that setting."""
+    _check_size(field, len(text.encode("utf-8")), limit, setting)
+    return text
+
+
+def _check_size(field: str, size: int, limit: int, setting: str = "") -> None:
+    if size > limit:
+        raise ValidationError.field(field, f"is {size} bytes; at most {limit} are allowed"
+                                    + (f" ({setting})" if setting else ""))
 
 
 def check_at_least(field: str, value: int, minimum: int) -> int:

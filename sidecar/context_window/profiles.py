@@ -35,7 +35,7 @@ from sidecar.text.fencing import fence
 from sidecar.text.redaction import redact_json_text, refuse_secrets
 from sidecar.transcript.log import TOOL_NAME
 from sidecar.transcript.runs import Run
-from sidecar.validation import check_id, json_field, json_schema_validator
+from sidecar.validation import check_id, check_text_bytes, json_field, json_schema_validator
 
 STATIC_PARTS = ("system_prompt", "participants", "agents", "skills_index", "tools")
 MAX_ITEMS = 512  # tools, agents, skills, participants, criteria: each list at most this long
@@ -132,10 +132,7 @@ EMPTY_TASK = PreparedTask(Task(), (), ())
 # -- validation -------------------------------------------------------------------------------
 
 def _text(field_name: str, value: str, limit: int) -> str:
-    size = len(value.encode("utf-8"))
-    if size > limit:
-        raise ValidationError.field(field_name, f"is {size} bytes; at most {limit} are allowed ([context] max_event_bytes)")
-    return value
+    return check_text_bytes(field_name, value, limit, "[context] max_event_bytes")
 
 
 def _items(field_name: str, items: tuple) -> tuple:

@@ -42,10 +42,10 @@ from sidecar.errors import TokenBudgetExceeded, ValidationError
 from sidecar.storage.codec import StoredEvent, decode_event
 from sidecar.transcript.clearing import may_be_cleared
 from sidecar.transcript.window import TranscriptWindow
+from sidecar.validation import MAX_COUNT
 
 RENDERINGS = ("openai_responses", "anthropic_messages")
 TRANSCRIPT_SECTIONS = ("state_summary", "history", "tool_results")
-MAX_COUNT = 2**31 - 1
 
 
 @dataclass(frozen=True, slots=True)

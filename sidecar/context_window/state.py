@@ -23,11 +23,10 @@ from sidecar.errors import FieldViolation, NotFound, StateInvalid, ValidationErr
 from sidecar.storage.codec import dump_json, load_json
 from sidecar.storage.keys import be32, last_under, records_under
 from sidecar.text.redaction import redact_json_text
-from sidecar.validation import json_schema_validator
+from sidecar.validation import MAX_COUNT, check_text_bytes, json_schema_validator
 
 SUBSET = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 SCHEMA_SUFFIX = ".schema.json"
-MAX_COUNT = 2**31 - 1
 
 
 class StateSchemas:
@@ -90,9 +89,7 @@ def check_subset(subset: str) -> str:
 def parse_value(text: str, limit: int, redact: Callable[[str], str]) -> Any:
     """The value as it is stored: parsed by the strict parser (NaN, deep nesting and the like
     are refused, so GetState always answers JSON), then every string in it redacted (SR-1)."""
-    size = len(text.encode("utf-8"))
-    if size > limit:
-        raise ValidationError.field("json", f"is {size} bytes; at most {limit} are allowed ([context] max_event_bytes)")
+    check_text_bytes("json", text, limit, "[context] max_event_bytes")
     return redact_json_text(text, redact, "json")[1]
 
 

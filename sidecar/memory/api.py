@@ -50,7 +50,7 @@ from sidecar.storage.environment import Store
 from sidecar.storage.keys import be32, records_under, scope
 from sidecar.text.counting import Counters, TokenCounter
 from sidecar.text.redaction import Redactor, refuse_secrets
-from sidecar.validation import check_at_least, check_at_most, check_id, page_within_bytes
+from sidecar.validation import check_at_least, check_at_most, check_id, check_text_bytes, page_within_bytes
 
 MAX_REF_BYTES = 256
 _REF = re.compile(r"^[A-Za-z0-9_.:/@-]+$")
@@ -219,10 +219,7 @@ class Memories:
                 content_field: str = "content") -> PreparedEntry:
         """Validate, redact (SR-1: before anything is counted or stored), count and index an entry,
         all outside any transaction. ``content_field`` names the content in errors, as the caller sent it."""
-        size = len(content.encode("utf-8"))
-        if size > self._settings.max_entry_bytes:
-            raise ValidationError.field(content_field, f"is {size} bytes; at most {self._settings.max_entry_bytes} "
-                                        "are allowed ([memory] max_entry_bytes)")
+        check_text_bytes(content_field, content, self._settings.max_entry_bytes, "[memory] max_entry_bytes")
         if len(tags) > MAX_TAGS:
             raise ValidationError.field("tags", f"at most {MAX_TAGS} tags are allowed")
         for i, tag in enumerate(tags):

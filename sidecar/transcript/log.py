@@ -33,14 +33,13 @@ from sidecar.storage.codec import (
 from sidecar.storage.keys import be32
 from sidecar.text.counting import Counters
 from sidecar.transcript.runs import SIDECAR_ID_PREFIX, Run, save_run
-from sidecar.validation import check_at_least, check_id, json_field
+from sidecar.validation import MAX_COUNT, check_at_least, check_id, check_text_bytes, json_field
 
 # 128 packed records are 1.5 KiB: small enough to stay inline in an LMDB leaf page, so an append
 # rewrites one page instead of a chain of overflow pages (measured: ~15% off a durable turn).
 CHUNK_EVENTS = 128
 MAX_EVENTS_PER_RUN = 2**31 - 1  # seq travels as int32
 MAX_TYPE_BYTES = 64
-MAX_COUNT = 2**31 - 1
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
@@ -139,10 +138,7 @@ def prepare_events(events: Sequence[NewEvent], field: str, defaults: ContextSett
         if event.role not in ROLES:
             raise ValidationError.field(f"{at}.role", f"must be one of {', '.join(ROLES)}")
         check_id(f"{at}.type", event.type, max_bytes=MAX_TYPE_BYTES)
-        size = len(event.content.encode("utf-8"))
-        if size > limit:
-            raise ValidationError.field(
-                f"{at}.content", f"is {size} bytes; at most {limit} are allowed ([context] max_event_bytes)")
+        check_text_bytes(f"{at}.content", event.content, limit, "[context] max_event_bytes")
         check_id(f"{at}.call_id", event.call_id, required=False)
         if event.tool_name:
             check_tool_call(event, at)

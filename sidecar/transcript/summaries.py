@@ -45,7 +45,7 @@ from sidecar.transcript.log import (
     read_ids,
 )
 from sidecar.transcript.runs import SIDECAR_ID_PREFIX, Deps, Run, run_id_of
-from sidecar.validation import check_at_least, check_id
+from sidecar.validation import check_at_least, check_id, check_text_bytes
 
 SUMMARY_TYPE = "context.summary"  # the summary's entry in a window
 SUMMARIZED_TYPE = "context.summarized"  # the log entry announcing a summary
@@ -311,9 +311,7 @@ def record_summary(deps: Deps, writer: LogWriter, request: SummaryRequest,
         raise ValidationError.field("strategy", f"must be one of {', '.join(STRATEGIES)}")
     if not request.text:
         raise ValidationError.field("summary_text", "is required")
-    size = len(request.text.encode("utf-8"))
-    if size > deps.defaults.max_event_bytes:
-        raise ValidationError.field("summary_text", f"is {size} bytes; at most {deps.defaults.max_event_bytes} are allowed")
+    check_text_bytes("summary_text", request.text, deps.defaults.max_event_bytes)
     if not request.replaced_ids:
         raise ValidationError.field("replaced_event_ids", "at least one event or summary is required")
     for i, replaced in enumerate(request.replaced_ids):

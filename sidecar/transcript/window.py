@@ -34,8 +34,7 @@ from sidecar.transcript.summaries import (
     newest_in_force,
     read_artifacts,
 )
-
-MAX_COUNT = 2**31 - 1
+from sidecar.validation import MAX_COUNT
 
 
 @dataclass(frozen=True, slots=True)
