@@ -35,11 +35,15 @@ class Samples:
 
 
 @contextmanager
-def sidecar_process(storage: Path, flags: Sequence[str], server_env: dict[str, str] | None = None) -> Iterator[grpc.Channel]:
-    """``python -m sidecar serve`` on a free loopback port; a channel to it while it runs."""
+def sidecar_process(storage: Path, flags: Sequence[str], server_env: dict[str, str] | None = None,
+                    tree: Path | None = None) -> Iterator[grpc.Channel]:
+    """``python -m sidecar serve`` on a free loopback port; a channel to it while it runs.
+    ``tree``: a source tree (with fastcore compiled in place) whose sidecar runs instead of the
+    installed one: ``-m`` looks in the working directory first."""
     command = [sys.executable, "-m", "sidecar", "serve", "--listen", "127.0.0.1:0", "--storage-path", str(storage),
                "--log-level", "WARNING", *flags]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env={**os.environ, **(server_env or {})})
+    env = {**os.environ, **(server_env or {}), **({"PYTHONPATH": str(tree)} if tree else {})}
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env, cwd=tree)
     try:
         line = process.stdout.readline()
         if not line.startswith(READY):
