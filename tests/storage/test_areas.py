@@ -119,7 +119,7 @@ def test_every_database_belongs_to_exactly_one_area(start_server) -> None:
         held = {key for key, _ in txn.cursor()}
     assert held == set(DATABASES), held ^ set(DATABASES)
     # Only the store opens databases, and every database a module names is one an area owns.
-    sources = list(Path(__file__).parent.parent.joinpath("sidecar").rglob("*.py"))
+    sources = list(Path(__file__).resolve().parents[2].joinpath("sidecar").rglob("*.py"))
     opened = [path.name for path in sources if "open_db(" in path.read_text()]
     assert opened == ["environment.py"], opened
     named = {match for path in sources for match in re.findall(r'db\["([a-z_]+)"\]', path.read_text())}

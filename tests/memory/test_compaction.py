@@ -21,11 +21,11 @@ from sidecar.settings import MemoryCompactionSettings, MemorySettings
 from sidecar.storage.environment import Store
 from sidecar.tenant_events.log import EventLog
 from sidecar.text.redaction import Redactor
-from tests.test_memory import TOKENS, Tenant
-from tests.test_redaction import DETECTED
-from tests.test_server import call_error, rich_error
+from tests.memory.test_api import TOKENS, Tenant
+from tests.text.test_redaction import DETECTED
+from tests.wire.test_server import call_error, rich_error
 
-SCHEMAS = Path(__file__).resolve().parent.parent / "schemas"
+SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
 EVENT_SCHEMA = json.loads((SCHEMAS / "memory-compacted.schema.json").read_text())
 REF = "mem:agent-7"
 TOPICS = ["refund", "shipping", "invoice", "warranty", "login", "export"]

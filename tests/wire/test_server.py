@@ -17,7 +17,7 @@ from grpc_status import rpc_status
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.text.fencing import fence
 
-SCHEMAS = Path(__file__).resolve().parent.parent / "schemas"
+SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
 
 
 def rich_error(error: grpc.RpcError) -> tuple[grpc.StatusCode, str, list[str]]:

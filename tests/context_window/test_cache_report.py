@@ -13,7 +13,7 @@ import pytest
 from sidecar.context_window.rendering import CONTINUED, NO_MESSAGES, NO_RESULT
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.settings import ConfigError, load_settings
-from tests.test_server import call_error
+from tests.wire.test_server import call_error
 
 FORMS = ("", "openai_responses", "anthropic_messages")
 PLACEHOLDERS = {NO_RESULT, CONTINUED, NO_MESSAGES}  # the renderings' fixed texts: the sidecar counts them 0

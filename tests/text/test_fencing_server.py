@@ -5,8 +5,8 @@ second block."""
 from __future__ import annotations
 
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
-from tests.test_server import ev
-from tests.test_untrusted import KEY, read_as
+from tests.wire.test_server import ev
+from tests.text.test_fencing import KEY, read_as
 
 SMALL_CAPITAL_CLOSE = "</siᴅecar-untrusted>"  # a Latin small capital D
 SMALL_CAPITAL_OPEN = '<ꜱɪᴅᴇᴄᴀʀ-ᴜɴᴛʀᴜꜱᴛᴇᴅ source="tool">'

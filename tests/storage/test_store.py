@@ -67,7 +67,7 @@ def test_a_full_store_still_deletes_and_then_takes_writes_again(start_server) ->
     import grpc
 
     from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
-    from tests.test_server import rich_error
+    from tests.wire.test_server import rich_error
 
     sidecar = start_server(storage={"map_size": 1 << 20, "max_map_size": 2 << 20})
     stub = sidecar.stub
