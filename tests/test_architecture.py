@@ -58,14 +58,16 @@ def test_imports_run_one_way() -> None:
     for line in (ROOT / "fastcore" / "_fastcore.pyx").read_text().splitlines():
         if line.startswith(("import ", "from ", "cimport ")):
             fastcore_imports.add(line.split()[1])
-    assert not any(name.split(".")[0] in ("lmdb", "google", "grpc", "sidecar") for name in fastcore_imports), fastcore_imports
+    assert not any(name.split(".")[0] in ("lmdb", "google", "grpc", "sidecar")
+                   for name in fastcore_imports), fastcore_imports
 
 
 def test_memory_records_are_memory_entries_on_the_wire() -> None:
     entry_fields = {f.number: (f.name, f.type, f.message_type and f.message_type.full_name)
                     for f in pb.MemoryEntry.DESCRIPTOR.fields}
     for field in MemoryRecord.DESCRIPTOR.fields:
-        assert entry_fields[field.number] == (field.name, field.type, field.message_type and field.message_type.full_name)
+        assert entry_fields[field.number] == (field.name, field.type,
+                                              field.message_type and field.message_type.full_name)
     record = MemoryRecord(id="m1", content="héllo", tags=["a", "b"], tokens=2)
     record.created_at.FromMilliseconds(1_700_000_000_123)
     entry = pb.MemoryEntry.FromString(record.SerializeToString())

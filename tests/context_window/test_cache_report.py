@@ -13,7 +13,7 @@ import pytest
 from sidecar.context_window.rendering import CONTINUED, NO_MESSAGES, NO_RESULT
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.settings import ConfigError, load_settings
-from tests.wire.test_server import call_error
+from tests.helpers import call_error
 
 FORMS = ("", "openai_responses", "anthropic_messages")
 PLACEHOLDERS = {NO_RESULT, CONTINUED, NO_MESSAGES}  # the renderings' fixed texts: the sidecar counts them 0
@@ -208,7 +208,7 @@ def test_cleared_tool_results_are_named_as_the_break(start_server) -> None:
     stub = start_server(token_counter="chars", transcript_token_budget=3000,
                         clearing={"enabled": True, "keep_recent": 1, "clear_at_least_tokens": 300}).stub
     stub.OpenRun(pb.OpenRunRequest(run_id="run", profile=PROFILE))
-    before = None
+    before, previous_cleared = None, set()
     cleared_turns, reasons = [], []
     for i in range(1, 30):
         answer = assemble(stub, "run", i, turn_events(i, result_size=200), "openai_responses")

@@ -15,9 +15,7 @@ import grpc
 import pytest
 
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
-from tests.context_window.test_sections import open_full, sections_of, turn_events
-from tests.test_process import Sidecar, run_cli
-from tests.wire.test_server import rich_error
+from tests.helpers import Sidecar, open_full, rich_error, run_cli, sections_of, turn_events
 
 PLUGIN = Path(__file__).resolve().parents[1] / "plugin"
 

@@ -84,5 +84,6 @@ def test_openai_caches_the_shared_prefix_from_1024_tokens_in_128_token_steps() -
     assert second.billed == pytest.approx(0.1 * second.cached + (second.sent - second.cached))
     short = OpenAICache()
     short.bill(openai_blocks(json.dumps({"input": [{"type": "message", "role": "user", "content": A}]}), tokens))
-    again = short.bill(openai_blocks(json.dumps({"input": [{"type": "message", "role": "user", "content": A}]}), tokens))
+    again = short.bill(openai_blocks(json.dumps({"input": [{"type": "message", "role": "user", "content": A}]}),
+                                     tokens))
     assert again.identical_prefix == again.sent and again.cached == 0  # under 1,024 tokens: never cached

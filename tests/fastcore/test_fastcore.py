@@ -302,7 +302,8 @@ def test_splits_group_against_reference_and_oracle() -> None:
         packed = pack(records)[base * PACK.size:]
         expected = next((j for j in range(max(cut, base), len(records))
                          if records[j][2] != SKIP and max(records[j][2], floor) < cut), -1)
-        assert fastcore.splits_group(packed, base, floor, cut) == _reference.splits_group(packed, base, floor, cut) == expected
+        assert (fastcore.splits_group(packed, base, floor, cut) == _reference.splits_group(packed, base, floor, cut)
+                == expected)
 
 
 def test_window_fixed_cases() -> None:

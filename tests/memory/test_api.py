@@ -11,24 +11,9 @@ import pytest
 from sidecar.errors import NotFound
 from sidecar.memory.api import ListRequest, Memories
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
 from sidecar.settings import MemorySettings
 from sidecar.text.redaction import Redactor
-from tests.wire.test_server import call_error
-
-TOKENS = {"acme": "token-of-acme-0001", "globex": "token-of-globex-0002"}
-
-
-class Tenant:
-    """A stub whose every call carries one tenant's bearer token."""
-
-    def __init__(self, channel: grpc.Channel, token: str | None) -> None:
-        self._stub = pb_grpc.ContextSidecarStub(channel)
-        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
-
-    def __getattr__(self, name: str):
-        method = getattr(self._stub, name)
-        return lambda request, **kwargs: method(request, metadata=self._metadata, **kwargs)
+from tests.helpers import TOKENS, Tenant, call_error
 
 
 @pytest.fixture
@@ -80,7 +65,8 @@ def test_another_tenants_memory_and_runs_answer_as_if_absent(acme, globex) -> No
         assert (code, reason) == (grpc.StatusCode.NOT_FOUND, "not_found")
     # The same ids in the other tenant are other things.
     put(globex, "globex's note", entry_id="shared-id")
-    assert acme.GetMemory(pb.GetMemoryRequest(memory_ref="mem:agent-7", entry_id="shared-id")).content.startswith("acme")
+    assert acme.GetMemory(pb.GetMemoryRequest(memory_ref="mem:agent-7",
+                                              entry_id="shared-id")).content.startswith("acme")
     assert globex.OpenRun(pb.OpenRunRequest(run_id="run-1")).created
 
 

@@ -21,11 +21,8 @@ from sidecar.settings import MemoryCompactionSettings, MemorySettings
 from sidecar.storage.environment import Store
 from sidecar.tenant_events.log import EventLog
 from sidecar.text.redaction import Redactor
-from tests.memory.test_api import TOKENS, Tenant
-from tests.text.test_redaction import DETECTED
-from tests.wire.test_server import call_error, rich_error
+from tests.helpers import DETECTED, SCHEMAS, TOKENS, Tenant, call_error, rich_error
 
-SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
 EVENT_SCHEMA = json.loads((SCHEMAS / "memory-compacted.schema.json").read_text())
 REF = "mem:agent-7"
 TOPICS = ["refund", "shipping", "invoice", "warranty", "login", "export"]
@@ -119,7 +116,8 @@ def test_the_hosts_summary_and_a_budget_it_cannot_fit(acme) -> None:
 
 @pytest.mark.parametrize("fields, field", [
     (dict(source_ids=["n0"]), "source_ids"), (dict(source_ids=["n0", "n0"]), "source_ids"),
-    (dict(source_ids=["n0", "missing"]), "source_ids[1]"), (dict(source_ids=["n0", "n1"], token_budget=0), "token_budget"),
+    (dict(source_ids=["n0", "missing"]), "source_ids[1]"),
+    (dict(source_ids=["n0", "n1"], token_budget=0), "token_budget"),
 ])
 def test_bad_requests_write_nothing(acme, fields, field) -> None:
     fill(acme, 4)

@@ -3,47 +3,19 @@ replacements, deletions and expiries, with chunks sealed into several segments."
 
 from __future__ import annotations
 
-import math
 import random
 import re
-import struct
 
 import pytest
 
-from sidecar.memory import api as memory_module
-from sidecar.memory.api import BM25_B, BM25_K1, ListRequest, Memories
+from sidecar.memory.api import ListRequest, Memories
 from sidecar.settings import MemorySettings
 from sidecar.storage.codec import MemoryRecord
 from sidecar.text.redaction import Redactor
+from tests.helpers import bm25_ranking, postings_kept
 
 WORDS = ["alpha", "beta", "gamma", "delta", "policy", "refund", "order", "ship", "label", "zeta",
          "ünïcödé", "日本", "common"]
-
-
-def bm25_ranking(live: dict[str, tuple[int, str]], query: str) -> list[tuple[str, float]]:
-    """Independent BM25: live maps entry id -> (ordinal, content)."""
-    docs = {entry_id: re.findall(r"\w+", content.lower()) for entry_id, (_, content) in live.items()}
-    n = len(docs)
-    avgdl = sum(len(terms) for terms in docs.values()) / n
-    scores: dict[str, float] = {}
-    for term in dict.fromkeys(re.findall(r"\w+", query.lower())):
-        df = sum(term in terms for terms in docs.values())
-        if not df:
-            continue
-        idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
-        for entry_id, terms in docs.items():
-            tf = terms.count(term)
-            if tf:
-                norm = tf + BM25_K1 * (1 - BM25_B + BM25_B * len(terms) / avgdl)
-                scores[entry_id] = scores.get(entry_id, 0.0) + idf * tf * (BM25_K1 + 1) / norm
-    return sorted(scores.items(), key=lambda item: (-item[1], -live[item[0]][0]))
-
-
-@pytest.fixture
-def small_segments(monkeypatch):
-    """Seal after 8 postings, 3 chunks a segment: a few hundred entries cross many segments."""
-    monkeypatch.setattr(memory_module, "POSTINGS_PER_CHUNK", 8)
-    monkeypatch.setattr(memory_module, "POSTINGS_PER_SEGMENT", 24)
 
 
 def test_relevance_equals_bm25_recomputed_over_the_live_entries(store, counters, small_segments) -> None:
@@ -53,7 +25,7 @@ def test_relevance_equals_bm25_recomputed_over_the_live_entries(store, counters,
     rng = random.Random(42)
     live: dict[str, tuple[int, str]] = {}
     ordinal = 0
-    for step in range(400):
+    for _ in range(400):
         entry_id = f"e{rng.randrange(300)}"  # some ids come back: replacements
         content = " ".join(rng.choice(WORDS) for _ in range(rng.randrange(1, 25)))
         ttl = 5 if rng.random() < 0.05 else 0
@@ -88,22 +60,6 @@ def test_a_deep_ranking_is_read_in_batches(store, counters, small_segments) -> N
     assert len(ids) == 500 == len(set(ids))
     # Equal BM25 scores (same length, same tf): the newest first.
     assert ids[:3] == ["e599", "e598", "e597"]
-
-
-def postings_kept(store, key: bytes, term: str) -> tuple[int, int] | None:
-    """(df, postings kept in the df record's open chunk and the sealed segments) of one term, or
-    None when the index has no record of it."""
-    term_key = key + term.encode("utf-8") + b"\0"
-    with store.env.begin() as txn:
-        stored = txn.get(term_key, db=store.db["mem_df"])
-        if stored is None:
-            return None
-        df, _ = struct.unpack_from("<II", stored)
-        kept = (len(stored) - 8) // 8
-        for segment_key, value in txn.cursor(db=store.db["mem_postings"]):
-            if segment_key.startswith(term_key) and len(segment_key) == len(term_key) + 4:
-                kept += len(value) // 8
-    return df, kept
 
 
 def test_dead_postings_are_reclaimed_through_puts_and_deletes(store, counters, small_segments) -> None:

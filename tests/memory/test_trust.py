@@ -11,10 +11,7 @@ import grpc
 import pytest
 
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
-from tests.memory.test_api import TOKENS, Tenant
-from tests.memory.test_index import bm25_ranking, postings_kept, small_segments  # noqa: F401 (a fixture)
-from tests.text.test_redaction import DETECTED
-from tests.wire.test_server import call_error
+from tests.helpers import DETECTED, TOKENS, Tenant, bm25_ranking, call_error, postings_kept
 
 REF = "mem:trust"
 # 18 characters, one word run: the whole secret is one (lower-cased) search term.

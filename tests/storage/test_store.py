@@ -12,7 +12,7 @@ from sidecar.storage.environment import Store
 from sidecar.storage.keys import scope
 from sidecar.transcript.transcripts import NewEvent, Transcripts
 from sidecar.validation import check_id
-from tests.conftest import TENANT
+from tests.helpers import TENANT, rich_error
 
 
 def test_the_map_grows_before_and_when_it_is_full(tmp_path: Path, counters) -> None:
@@ -67,7 +67,6 @@ def test_a_full_store_still_deletes_and_then_takes_writes_again(start_server) ->
     import grpc
 
     from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
-    from tests.wire.test_server import rich_error
 
     sidecar = start_server(storage={"map_size": 1 << 20, "max_map_size": 2 << 20})
     stub = sidecar.stub

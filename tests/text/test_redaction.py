@@ -10,18 +10,7 @@ import pytest
 from sidecar.errors import ValidationError
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.text.redaction import Redactor, redact_json_text
-from tests.memory.test_api import TOKENS, Tenant
-
-DETECTED = {
-    "openai_api_key": "sk-proj-AbCdEfGhIjKlMnOpQrStUvWxYz0123456789",
-    "anthropic_api_key": "sk-ant-api03-AbCdEfGhIjKlMnOpQrStUvWxYz0123",
-    "aws_access_key_id": "AKIAIOSFODNN7EXAMPLE",
-    "github_token": "ghp_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8",
-    "slack_token": "xoxb-1234567890-abcdefghij",
-    "google_api_key": "AIza" + "SyA1234567890abcdefghijklmnopqrstuv",
-    "jwt": "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
-    "private_key": "-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA7bq\n-----END RSA PRIVATE KEY-----",
-}
+from tests.helpers import DETECTED, TOKENS, Tenant
 
 
 def test_registered_secrets_longest_first_and_scoped() -> None:

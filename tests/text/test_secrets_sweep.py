@@ -16,9 +16,7 @@ from pathlib import Path
 import grpc
 
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
-from tests.memory.test_api import TOKENS, Tenant
-from tests.text.test_redaction import DETECTED
-from tests.wire.test_server import call_error
+from tests.helpers import DETECTED, TOKENS, Tenant, call_error
 
 RUN = "r"
 RUN_PATHS = ["append_events", "assemble_append", "tool_call", "record_summary", "open_run_profile", "open_run_task",
@@ -116,7 +114,8 @@ def test_no_canary_from_any_write_path_reaches_the_store_an_answer_or_the_log(st
     keep(acme.UpdateTask(pb.UpdateTaskRequest(run_id=RUN, task=pb.Task(
         task_id="t2", goal=leak("update_task"), acceptance_criteria=[leak("update_task")], plan=leak("update_task")))))
     keep(acme.LoadSkill(pb.LoadSkillRequest(run_id=RUN, skill=pb.LoadedSkill(name="pdf", body=leak("load_skill")))))
-    keep(acme.PutStateData(pb.PutStateDataRequest(run_id=RUN, subset="notes", json=json.dumps(json_leak("state_data")))))
+    keep(acme.PutStateData(pb.PutStateDataRequest(run_id=RUN, subset="notes",
+                                                  json=json.dumps(json_leak("state_data")))))
     # The transcript: a host event, a turn's appended event, a tool call's JSON arguments, a summary.
     keep(acme.AppendEvents(pb.AppendEventsRequest(run_id=RUN, events=[
         pb.Event(event_id="e1", iteration=1, role="user", content=leak("append_events")),
@@ -228,7 +227,8 @@ def test_an_identifier_holding_a_secret_is_refused_not_stored(start_server, capl
             "profile.skills[0].name": (stub.OpenRun, pb.OpenRunRequest(run_id="other", profile=pb.Profile(
                 skills=[pb.SkillSummary(name=held)]))),
             "task.task_id": (stub.UpdateTask, pb.UpdateTaskRequest(run_id="run", task=pb.Task(task_id=held))),
-            "skill.name": (stub.LoadSkill, pb.LoadSkillRequest(run_id="run", skill=pb.LoadedSkill(name=held, body="b"))),
+            "skill.name": (stub.LoadSkill,
+                           pb.LoadSkillRequest(run_id="run", skill=pb.LoadedSkill(name=held, body="b"))),
             "subset": (stub.PutStateData, pb.PutStateDataRequest(run_id="run", subset=held, json="1")),
         }
         for field, (method, request) in refused.items():

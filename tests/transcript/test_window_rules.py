@@ -20,8 +20,7 @@ from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.storage.keys import be32
 from sidecar.text.fencing import KEYWORD, PREAMBLE, fence, is_fenced
 from sidecar.transcript.runs import run_key
-from tests.conftest import TENANT
-from tests.wire.test_server import call_error, ev
+from tests.helpers import TENANT, call_error, ev
 
 BLOCK_HEAD = f'<{KEYWORD} source="tool">\n{PREAMBLE}\n'
 BLOCK_TAIL = f"\n</{KEYWORD}>"

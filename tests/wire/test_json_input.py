@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
-from tests.wire.test_server import call_error, ev
+from tests.helpers import call_error, ev
 
 REFUSED = (grpc.StatusCode.INVALID_ARGUMENT, "validation_error")
 DEEP = 990  # deep enough that the standard library's parser hits Python's recursion limit
@@ -31,7 +31,8 @@ def tool_call(content: str, event_id: str = "c") -> pb.Event:
 
 
 def tool_profile(parameters_json: str) -> pb.Profile:
-    return pb.Profile(tools=[pb.ToolDefinition(name="ok"), pb.ToolDefinition(name="x", parameters_json=parameters_json)])
+    return pb.Profile(tools=[pb.ToolDefinition(name="ok"),
+                             pb.ToolDefinition(name="x", parameters_json=parameters_json)])
 
 
 def strict(text: str):
@@ -60,7 +61,8 @@ def each_json_field(stub, text: str) -> dict[str, tuple]:
         return None
     return {
         "json": error_of(stub.PutStateData, pb.PutStateDataRequest(run_id="run", subset="s", json=text)),
-        "events[0].content": error_of(stub.AppendEvents, pb.AppendEventsRequest(run_id="run", events=[tool_call(text)])),
+        "events[0].content": error_of(stub.AppendEvents,
+                                      pb.AppendEventsRequest(run_id="run", events=[tool_call(text)])),
         "append_events[0].content": error_of(stub.AssembleContext, pb.AssembleContextRequest(
             run_id="run", iteration=1, append_events=[tool_call(text, "c2")])),
         "profile.tools[1].parameters_json": error_of(stub.UpdateProfile, pb.UpdateProfileRequest(
@@ -131,7 +133,8 @@ def test_a_schema_of_an_older_draft_is_checked_against_its_own_metaschema(stub) 
     stub.UpdateProfile(pb.UpdateProfileRequest(run_id="run", profile=tool_profile(json.dumps(draft4))))
     current = {"type": "object", "properties": {"n": {"type": "number", "exclusiveMaximum": True}}}
     assert call_error(stub.UpdateProfile, pb.UpdateProfileRequest(
-        run_id="run", profile=tool_profile(json.dumps(current))))[:3] == (*REFUSED, ["profile.tools[1].parameters_json"])
+        run_id="run", profile=tool_profile(json.dumps(current))))[:3] == (
+            *REFUSED, ["profile.tools[1].parameters_json"])
 
 
 def test_a_tool_call_cannot_be_marked_untrusted(stub) -> None:

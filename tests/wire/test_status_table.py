@@ -9,7 +9,7 @@ import pytest
 from sidecar import errors
 from sidecar.errors import SidecarError
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
-from tests.wire.test_server import call_error, rich_error
+from tests.helpers import call_error, rich_error
 
 # Written out here, apart from the code: a new error class fails this test until someone
 # decides what its callers should see.
