@@ -55,7 +55,7 @@ def small_segments(monkeypatch):
 def make_transcripts(store: Store, counters: Counters):
     def make(clearing: dict | None = None, **context: object) -> Transcripts:
         # The domain's own tests hold the window's rules over the host's events; [context.clearing]
-        # (on by default in a server) is tested through a real server, in test_clearing.py.
+        # (on by default in a server) is tested through a real server, in tests/transcript/test_clearing.py.
         return Transcripts(store, counters, ContextSettings(**context),
                            clearing_settings=ClearingSettings(**(clearing or {"enabled": False})))
     return make

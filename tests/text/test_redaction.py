@@ -1,5 +1,5 @@
 """Secret redaction (SR-1): registered secrets, built-in detectors, canonical markers, and JSON
-redacted string by string. The sweep over every write path is tests/test_secrets_sweep.py."""
+redacted string by string. The sweep over every write path is tests/text/test_secrets_sweep.py."""
 
 from __future__ import annotations
 
