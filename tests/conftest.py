@@ -10,6 +10,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from sidecar.memory import api as memory_module
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
 from sidecar.settings import (
     AuthSettings,
@@ -29,14 +30,6 @@ from sidecar.transcript.transcripts import Transcripts
 from sidecar.wire import server as server_module
 from sidecar.wire.server import Services, build_server
 
-TENANT = "default"
-
-
-def assemble(transcripts: Transcripts, *args: object, **kwargs: object) -> tuple:
-    """A turn's transcript window and what it appended (the sections around it aside)."""
-    assembled, appended = transcripts.assemble(*args, **kwargs)
-    return assembled.window, appended
-
 
 @pytest.fixture(scope="session")
 def counters() -> Counters:
@@ -52,10 +45,17 @@ def store(tmp_path: Path) -> Iterator[Store]:
 
 
 @pytest.fixture
+def small_segments(monkeypatch):
+    """Seal after 8 postings, 3 chunks a segment: a few hundred entries cross many segments."""
+    monkeypatch.setattr(memory_module, "POSTINGS_PER_CHUNK", 8)
+    monkeypatch.setattr(memory_module, "POSTINGS_PER_SEGMENT", 24)
+
+
+@pytest.fixture
 def make_transcripts(store: Store, counters: Counters):
     def make(clearing: dict | None = None, **context: object) -> Transcripts:
         # The domain's own tests hold the window's rules over the host's events; [context.clearing]
-        # (on by default in a server) is tested through a real server, in test_clearing.py.
+        # (on by default in a server) is tested through a real server, in tests/transcript/test_clearing.py.
         return Transcripts(store, counters, ContextSettings(**context),
                            clearing_settings=ClearingSettings(**(clearing or {"enabled": False})))
     return make

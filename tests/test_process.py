@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gzip
-import os
 import shutil
 import signal
 import socket
@@ -15,46 +14,11 @@ from pathlib import Path
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
 from sidecar.text.encodings import bundled_dir
-
-ROOT = Path(__file__).resolve().parent.parent
-READY = "context-sidecar serving on "
-
-
-class Sidecar:
-    """``python -m sidecar serve ...`` in a subprocess, ready once it prints its address."""
-
-    def __init__(self, tmp_path: Path, *flags: str, env: dict[str, str] | None = None) -> None:
-        self.data = tmp_path / "data"
-        command = [sys.executable, "-m", "sidecar", "serve", "--storage-path", str(self.data),
-                   "--log-level", "INFO", *flags]
-        if not any(flag == "--listen" for flag in flags):
-            command += ["--listen", "127.0.0.1:0"]
-        self.process = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        text=True, env={**os.environ, **(env or {})})
-        line = self.process.stdout.readline()
-        if not line.startswith(READY):
-            self.process.kill()
-            raise AssertionError(f"sidecar did not start: {line!r} {self.process.stderr.read()}")
-        self.address = line[len(READY):].strip()
-        self.channel = grpc.insecure_channel(self.address)
-        self.stub = pb_grpc.ContextSidecarStub(self.channel)
-        self.health = health_pb2_grpc.HealthStub(self.channel)
-
-    def stop(self, sig: int = signal.SIGTERM) -> tuple[int, str]:
-        self.process.send_signal(sig)
-        _, stderr = self.process.communicate(timeout=30)
-        self.channel.close()
-        return self.process.returncode, stderr
-
-
-def run_cli(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sidecar", *args], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=60, env={**os.environ, **(env or {})})
+from tests.helpers import READY, Sidecar, run_cli
 
 
 def test_help_explains_every_flag(tmp_path: Path) -> None:
@@ -194,8 +158,8 @@ def test_acknowledged_writes_survive_kill_9(tmp_path: Path) -> None:
     def writer() -> None:
         batch = 0
         while not stop.is_set():
-            events = [pb.Event(event_id=f"b{batch}-{i}", iteration=batch + 1, role="user", content=f"batch {batch} #{i}")
-                      for i in range(5)]
+            events = [pb.Event(event_id=f"b{batch}-{i}", iteration=batch + 1, role="user",
+                               content=f"batch {batch} #{i}") for i in range(5)]
             try:
                 sidecar.stub.AppendEvents(pb.AppendEventsRequest(run_id="run", events=events), timeout=5)
             except grpc.RpcError:

@@ -34,7 +34,8 @@ transcript_token_budget = 8000
 token_counter = "chars"
 """)
     settings = load_settings(config, env={"CONTEXT_SIDECAR_CONTEXT_TRANSCRIPT_TOKEN_BUDGET": "4000"},
-                             overrides={("context", "token_counter"): "cl100k_base", ("context", "keep_last_turns"): None})
+                             overrides={("context", "token_counter"): "cl100k_base",
+                                        ("context", "keep_last_turns"): None})
     assert settings.server.listen == "unix:///tmp/sidecar.sock"
     assert settings.storage.map_size == 64 << 20
     assert settings.storage.sync is False

@@ -1,0 +1,577 @@
+"""The house rules, checked: imports run one way, LMDB stays in storage and the areas' schema
+modules, each database belongs to one area and is named only there, every error has its row in
+the error table, and the tests mirror the code. Each rule is a function over a source root that
+returns its violations, so each is checked twice: the real tree has none, and a small tree built
+here that breaks the rule has the violation reported (a rule that cannot fail proves nothing).
+Also: the generated stubs are fresh, and stored records stay wire-compatible with the API."""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from google.protobuf import unknown_fields
+
+from sidecar.errors import SidecarError
+from sidecar.pb.contextsidecar.storage.v1.memory_pb2 import MemoryRecord
+from sidecar.pb.contextsidecar.storage.v1.records_pb2 import EventRecord
+from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
+from tests.helpers import ROOT
+
+# Each area's folder in sidecar/ and its key in sidecar/storage/databases.py AREAS.
+AREA_DATABASES = {"transcript": "runs", "context_window": "run_context", "memory": "memory",
+                  "tenant_events": "tenant_events"}
+SHARED = ("errors.py", "settings.py", "validation.py")  # used by every layer, so they use none
+ENTRY_POINTS = ("cli.py", "__main__.py")  # start the server: above the wire, not below it
+STORAGE_STUBS = "sidecar.pb.contextsidecar.storage"  # the stored format, read by storage/codec.py alone
+
+
+# Reading a tree: which files, what each imports.
+
+def sources(root: Path) -> list[Path]:
+    """The code the rules cover, relative to root: sidecar/ (its generated stubs aside) and
+    fastcore/, Python and Cython."""
+    found = [path for path in (root / "sidecar").rglob("*.py") if "pb" not in path.relative_to(root).parts[:2]]
+    found += [*(root / "fastcore").glob("*.py"), *(root / "fastcore").glob("*.pyx")]
+    return sorted(path.relative_to(root) for path in found)
+
+
+def module_of(relative: Path) -> list[str]:
+    """The dotted name of a source file, as parts (a package's __init__ is the package)."""
+    parts = list(relative.with_suffix("").parts)
+    return parts[:-1] if parts[-1] == "__init__" else parts
+
+
+def imported(root: Path, relative: Path) -> set[str]:
+    """Every module a file imports, anywhere in it (a function's own imports too), relative
+    imports resolved; ``from a import b`` counts as both ``a`` and ``a.b``, since b may be a module."""
+    text = (root / relative).read_text(encoding="utf-8")
+    if relative.suffix == ".pyx":  # Cython is no Python syntax: its import lines, read as text
+        names = set()
+        for line in text.splitlines():
+            found = re.match(r"\s*(?:from\s+([\w.]+)\s+c?import\b|c?import\s+([\w., ]+))", line)
+            if found:
+                names.update(name.strip().split(" ")[0] for name in (found[1] or found[2]).split(",") if name.strip())
+        return names
+    package = module_of(relative) if relative.stem == "__init__" else module_of(relative)[:-1]
+    names = set()
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join([*package[:len(package) - node.level + 1], *([node.module] if node.module else [])]
+                            if node.level else [node.module or ""])
+            names.add(base)
+            names.update(f"{base}.{alias.name}" for alias in node.names if alias.name != "*")
+    return names
+
+
+def within(name: str, *packages: str) -> bool:
+    return any(name == package or name.startswith(package + ".") for package in packages)
+
+
+def outermost(names: set[str]) -> list[str]:
+    """The names not within another of them: ``from a import b`` is reported once, as a."""
+    return sorted(name for name in names if not any(other != name and within(name, other) for other in names))
+
+
+def layer_of(relative: Path) -> str:
+    """wire, entry, area, storage, text, shared, fastcore, or package (sidecar/__init__, plugin_api)."""
+    parts = relative.parts
+    if parts[0] == "fastcore":
+        return "fastcore"
+    if len(parts) == 2:
+        return "entry" if parts[1] in ENTRY_POINTS else "shared" if parts[1] in SHARED else "package"
+    return "area" if parts[1] in AREA_DATABASES else parts[1]
+
+
+def layer_imported(name: str) -> str | None:
+    """The sidecar layer an imported module belongs to (None: not the sidecar's)."""
+    if not within(name, "sidecar") or name == "sidecar":
+        return None
+    first = name.split(".")[1]
+    if first == "pb":
+        return "storage stubs" if within(name, STORAGE_STUBS) else "API stubs"
+    if first in ("cli", "__main__"):
+        return "entry"
+    if first in ("errors", "settings", "validation"):
+        return f"shared {first}"
+    return "area" if first in AREA_DATABASES else first
+
+
+# a. Layers: sidecar/wire -> areas -> storage, text, fastcore; errors, settings, validation below all.
+
+FORBIDDEN = {
+    "area": {"wire", "entry"},
+    "storage": {"area", "text", "wire", "entry"},
+    "text": {"area", "storage", "wire", "entry"},
+}
+
+
+def layer_violation(layer: str, relative: Path, name: str) -> str | None:
+    target = layer_imported(name)
+    if layer != "wire" and (within(name, "grpc", "google.rpc") or name.startswith("grpc_") or target == "API stubs"):
+        return "which only sidecar/wire may import"
+    if target == "storage stubs" and relative.as_posix() != "sidecar/storage/codec.py":
+        return "which only sidecar/storage/codec.py may import"
+    if layer == "fastcore" and within(name, "sidecar", "lmdb", "grpc", "google"):
+        return "but fastcore takes plain values in and out"
+    if layer == "shared" and target not in (None, "shared errors"):
+        return "but errors, settings and validation import nothing of the sidecar except sidecar.errors"
+    if target in FORBIDDEN.get(layer, ()):
+        return f"but the {layer} layer may not import the {target} layer"
+    return None
+
+
+def layer_violations(root: Path) -> list[str]:
+    violations = []
+    for relative in sources(root):
+        layer = layer_of(relative)
+        wrong = {name: why for name in imported(root, relative) if (why := layer_violation(layer, relative, name))}
+        violations += [f"{relative}: imports {name}, {wrong[name]}" for name in outermost(set(wrong))]
+    return violations
+
+
+def plugin_violations(root: Path) -> list[str]:
+    """A plugin sees the sidecar only through sidecar.plugin_api."""
+    return [f"{relative}: imports {name}; a plugin may import only sidecar.plugin_api"
+            for relative in sorted(path.relative_to(root) for path in (root / "tests" / "plugin").glob("*.py"))
+            for name in outermost({name for name in imported(root, relative) if within(name, "sidecar")
+                                   and name != "sidecar" and not within(name, "sidecar.plugin_api")})]
+
+
+# b. LMDB: storage and each area's schema module.
+
+def lmdb_violations(root: Path) -> list[str]:
+    return [f"{relative}: imports lmdb; only sidecar/storage and sidecar/<area>/schema.py may"
+            for relative in sources(root) if relative.parts[0] == "sidecar"
+            and "lmdb" in {name.split(".")[0] for name in imported(root, relative)}
+            and not (layer_of(relative) == "storage"
+                     or (layer_of(relative) == "area" and relative.name == "schema.py" and len(relative.parts) == 3))]
+
+
+# c. Database ownership: one area each (sidecar/storage/databases.py AREAS), named only there.
+
+def declared_areas(root: Path) -> dict[str, tuple[bytes, ...]]:
+    """AREAS as sidecar/storage/databases.py writes it (read, not imported: root may be any tree)."""
+    for node in ast.parse((root / "sidecar" / "storage" / "databases.py").read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.AnnAssign | ast.Assign):
+            targets = [node.target] if isinstance(node, ast.AnnAssign) else node.targets
+            if any(isinstance(target, ast.Name) and target.id == "AREAS" for target in targets):
+                return ast.literal_eval(node.value)
+    raise AssertionError("sidecar/storage/databases.py declares no AREAS")
+
+
+def database_names(tree: ast.AST) -> Iterator[tuple[int, str, str]]:
+    """(line, "database"|"area", name) for each database a module names as ``<...db>["name"]`` or
+    ``handles(...)["name"]``, and each area it asks for as ``handles("area", ...)``."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) \
+                and isinstance(node.slice.value, str):
+            held = node.value
+            if isinstance(held, ast.Call):
+                held = held.func
+            name = held.id if isinstance(held, ast.Name) else held.attr if isinstance(held, ast.Attribute) else ""
+            if name.endswith("db") or name == "handles":
+                yield node.lineno, "database", node.slice.value
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute | ast.Name) \
+                and (node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id) == "handles":
+            for argument in node.args:
+                if isinstance(argument, ast.Constant) and isinstance(argument.value, str):
+                    yield node.lineno, "area", argument.value
+
+
+def database_violations(root: Path) -> list[str]:
+    areas = declared_areas(root)
+    violations = []
+    owners: dict[bytes, list[str]] = {}
+    for area, names in areas.items():
+        for name in names:
+            owners.setdefault(name, []).append(area)
+    violations += [f"sidecar/storage/databases.py: database {name.decode()} is in {len(found)} areas "
+                   f"({', '.join(found)})" for name, found in owners.items() if len(found) > 1]
+    for relative in sources(root):
+        if relative.suffix != ".py":
+            continue
+        tree = ast.parse((root / relative).read_text(encoding="utf-8"))
+        if relative.as_posix() != "sidecar/storage/environment.py":
+            violations += [f"{relative}:{node.lineno}: calls open_db; only sidecar/storage/environment.py opens "
+                           "databases"
+                           for node in ast.walk(tree) if isinstance(node, ast.Call)
+                           and isinstance(node.func, ast.Attribute) and node.func.attr == "open_db"]
+        layer = layer_of(relative)
+        own = AREA_DATABASES.get(relative.parts[1]) if layer == "area" else None
+        for line, kind, name in database_names(tree):
+            where = f"{relative}:{line}"
+            if kind == "area":
+                if layer == "area" and name != own:
+                    violations.append(f"{where}: asks for the handles of area {name}; its own area is {own}")
+                continue
+            found = owners.get(name.encode())
+            if not found:
+                violations.append(f"{where}: names database {name}, which no area declares")
+            elif layer == "area" and own not in found:
+                violations.append(f"{where}: names database {name} of area {found[0]}; its own area is {own}")
+            elif layer not in ("area", "storage"):
+                violations.append(f"{where}: names database {name} of area {found[0]} outside that area")
+    return violations
+
+
+# d. The error table: each error class one code, one status, one row in docs/errors.md.
+
+def error_classes(root: Path) -> dict[str, tuple[str, object, object]]:
+    """Every subclass of SidecarError (and itself) declared under sidecar/, read from the source:
+    class name -> (where, code, status), each attribute inherited when the class does not set it."""
+    declared: dict[str, tuple[str, list[str], dict[str, object]]] = {}
+    for relative in sources(root):
+        if relative.suffix == ".py":
+            for node in ast.walk(ast.parse((root / relative).read_text(encoding="utf-8"))):
+                if isinstance(node, ast.ClassDef):
+                    own = {target.id: statement.value.value for statement in node.body
+                           if isinstance(statement, ast.Assign | ast.AnnAssign)
+                           and isinstance(statement.value, ast.Constant)
+                           for target in (statement.targets if isinstance(statement, ast.Assign)
+                                          else [statement.target])
+                           if isinstance(target, ast.Name) and target.id in ("code", "status")}
+                    bases = [base.id if isinstance(base, ast.Name) else base.attr for base in node.bases
+                             if isinstance(base, ast.Name | ast.Attribute)]
+                    declared[node.name] = (f"{relative}:{node.lineno}", bases, own)
+
+    def lineage(name: str) -> list[str]:
+        """The class and its first bases, up to SidecarError or a class not declared here."""
+        chain = [name]
+        while chain[-1] != "SidecarError" and declared.get(chain[-1], ("", [], {}))[1] \
+                and declared[chain[-1]][1][0] not in chain:
+            chain.append(declared[chain[-1]][1][0])
+        return chain
+
+    def attribute(chain: list[str], key: str) -> object:
+        return next((declared[name][2][key] for name in chain if key in declared[name][2]), None)
+
+    found = {}
+    for name, (where, _, _) in declared.items():  # in the order declared: a duplicate is the later class
+        chain = lineage(name)
+        if chain[-1] == "SidecarError" and "SidecarError" in declared:
+            found[name] = (where, attribute(chain, "code"), attribute(chain, "status"))
+    return found
+
+
+def error_class_violations(root: Path) -> list[str]:
+    statuses = {code.name for code in grpc.StatusCode}
+    violations = []
+    seen: dict[str, str] = {}
+    for name, (where, code, status) in error_classes(root).items():
+        if not isinstance(code, str) or not code:
+            violations.append(f"{where}: {name} has no code")
+        elif code in seen:
+            violations.append(f"{where}: {name} has the code {code!r} of {seen[code]}")
+        else:
+            seen[code] = name
+        if status not in statuses:
+            violations.append(f"{where}: {name} has the status {status!r}, which is no grpc.StatusCode")
+    return violations
+
+
+def undocumented_errors(root: Path) -> list[str]:
+    """docs/errors.md has a table whose first column is each code in backticks."""
+    table = root / "docs" / "errors.md"
+    if not table.is_file():
+        return ["docs/errors.md is missing: the error table lives there"]
+    documented = set(re.findall(r"^\|\s*`([^`]+)`", table.read_text(encoding="utf-8"), re.MULTILINE))
+    return [f"{where}: {name}'s code {code!r} has no row in docs/errors.md"
+            for name, (where, code, _) in sorted(error_classes(root).items())
+            if isinstance(code, str) and code and code not in documented]  # no code at all: the class rule's
+
+
+# e. The tests: folders that mirror the code, sharing tests/helpers.py and nothing else.
+
+def mirroring_violations(root: Path) -> list[str]:
+    violations = []
+    tests = root / "tests"
+    for folder in sorted(path for path in tests.rglob("*") if path.is_dir()):
+        relative = folder.relative_to(tests)
+        if relative.parts[0] == "plugin" or any(part == "__pycache__" or part.startswith(".")
+                                                for part in relative.parts):
+            continue
+        mirrored = root / relative if relative.parts[0] == "fastcore" else root / "sidecar" / relative
+        if not mirrored.is_dir():
+            violations.append(f"tests/{relative.as_posix()}: names no folder of sidecar/ or fastcore/")
+        if not (folder / "__init__.py").is_file():
+            violations.append(f"tests/{relative.as_posix()}: has no __init__.py")
+    return violations
+
+
+def shared_helpers_violations(root: Path) -> list[str]:
+    """A test module imports, of the tests, only tests.helpers (fixtures come from conftest.py
+    through pytest, never by import)."""
+    return [f"{relative}: imports {name}; tests share only tests.helpers"
+            for relative in sorted(path.relative_to(root) for path in (root / "tests").rglob("*.py")
+                                   if "plugin" not in path.relative_to(root).parts)
+            for name in outermost({name for name in imported(root, relative) if within(name, "tests")
+                                   and name != "tests" and not within(name, "tests.helpers")})]
+
+
+# The real tree keeps every rule.
+
+def test_the_real_tree_is_read_whole() -> None:
+    found = sources(ROOT)
+    assert len(found) > 40 and Path("fastcore/_fastcore.pyx") in found and Path("sidecar/wire/server.py") in found
+    assert all(layer_of(path) in ("wire", "entry", "area", "storage", "text", "shared", "fastcore", "package")
+               for path in found), {path: layer_of(path) for path in found}
+    assert "sidecar.pb.contextsidecar.v1.sidecar_pb2" in imported(ROOT, Path("sidecar/wire/servicer.py"))
+
+
+def test_imports_run_one_way() -> None:
+    assert layer_violations(ROOT) == []
+
+
+@pytest.mark.xfail(strict=True, reason="tests/plugin imports sidecar.context_window.policy until sidecar/plugin_api.py "
+                                       "lands")
+def test_plugins_see_only_the_plugin_api() -> None:
+    assert plugin_violations(ROOT) == []
+
+
+@pytest.mark.xfail(strict=True, reason="lands with the schema modules")
+def test_only_storage_and_the_schema_modules_import_lmdb() -> None:
+    assert lmdb_violations(ROOT) == []
+
+
+@pytest.mark.xfail(strict=True, reason="lands with the schema modules: transcript/ reads run_context's "
+                                       "databases (forks, summaries, handles) and context_window/ reads runs' "
+                                       "(state.py: windows; run_context.py: handles)")
+def test_each_database_is_named_only_in_its_own_area() -> None:
+    assert database_violations(ROOT) == []
+
+
+def test_every_error_class_has_one_code_and_a_status() -> None:
+    assert error_class_violations(ROOT) == []
+    # The source, read, holds the same classes as the running code: the rule misses none.
+    running, pending = {SidecarError}, list(SidecarError.__subclasses__())
+    while pending:
+        running.add(cls := pending.pop())
+        pending += cls.__subclasses__()
+    assert {(name, code, status) for name, (_, code, status) in error_classes(ROOT).items()} == {
+        (cls.__name__, cls.code, cls.status) for cls in running}
+
+
+@pytest.mark.xfail(strict=True, reason="docs/errors.md lands with the README move")
+def test_every_error_code_is_in_the_error_table() -> None:
+    assert undocumented_errors(ROOT) == []
+
+
+def test_the_tests_mirror_the_code_and_share_only_helpers() -> None:
+    assert mirroring_violations(ROOT) == []
+    assert shared_helpers_violations(ROOT) == []
+
+
+# Each rule fails on a tree that breaks it.
+
+def build(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text, encoding="utf-8")
+    return root
+
+
+DATABASES = 'AREAS = {"runs": (b"events", b"windows"), "run_context": (b"usage",), "memory": (b"mem_docs",)}\n'
+ERRORS = '''
+class SidecarError(Exception):
+    code = "internal"
+    status = "INTERNAL"
+
+
+class NotFound(SidecarError):
+    code = "not_found"
+    status = "NOT_FOUND"
+'''
+# A tree that keeps every rule: what each rule allows, so a rule that reports too much fails too.
+LAWFUL = {
+    "sidecar/__init__.py": "",
+    "sidecar/__main__.py": "from sidecar.cli import main\n",
+    "sidecar/cli.py": "from sidecar.wire.server import serve\nfrom sidecar.settings import load_settings\n",
+    "sidecar/errors.py": ERRORS,
+    "sidecar/settings.py": "import tomllib\n",
+    "sidecar/validation.py": "import jsonschema\n\nfrom sidecar.errors import ValidationError\n",
+    "sidecar/wire/server.py": ("import grpc\nfrom grpc_status import rpc_status\nfrom google.rpc import status_pb2\n"
+                               "from sidecar.pb.contextsidecar.v1 import sidecar_pb2\n"
+                               "from sidecar.memory import api\n"),
+    "sidecar/storage/databases.py": DATABASES,
+    "sidecar/storage/environment.py": "import lmdb\n\ndef open(env):\n    return env.open_db(b'events')\n",
+    "sidecar/storage/codec.py": "import fastcore\nfrom sidecar.pb.contextsidecar.storage.v1 import records_pb2\n",
+    "sidecar/storage/keys.py": "from ..errors import NotFound\n",
+    "sidecar/text/fencing.py": "from sidecar.errors import ValidationError\n",
+    "sidecar/memory/__init__.py": "",
+    "sidecar/memory/schema.py": "import lmdb\n",
+    "sidecar/memory/api.py": ("from sidecar.storage.keys import Txn\nfrom sidecar.text import fencing\n"
+                              "from . import schema\nfrom sidecar.errors import SidecarError\n\n\n"
+                              "class Forgotten(SidecarError):\n    code = 'forgotten'\n    status = 'NOT_FOUND'\n\n\n"
+                              "def read(store, txn):\n    db = store.handles('memory')\n"
+                              "    return txn.get(b'k', db=db['mem_docs']), store.handles('memory')['mem_docs']\n"),
+    "sidecar/transcript/window.py": "def read(self, txn):\n    return txn.get(b'k', db=self._db['windows'])\n",
+    "fastcore/__init__.py": "from fastcore._fastcore import pack\n",
+    "fastcore/_fastcore.pyx": "from libc.stdint cimport uint32_t\nimport cython\n",
+    "docs/errors.md": "| code | status |\n|---|---|\n| `internal` | INTERNAL |\n| `not_found` | NOT_FOUND |\n"
+                      "| `forgotten` | NOT_FOUND |\n",
+    "tests/__init__.py": "",
+    "tests/helpers.py": "import grpc\n",
+    "tests/conftest.py": "from tests.helpers import TENANT\n",
+    "tests/memory/__init__.py": "",
+    "tests/memory/test_api.py": "from tests.helpers import TENANT\nfrom ..helpers import ev\n",
+    "tests/fastcore/__init__.py": "",
+    "tests/plugin/plugin.py": "from sidecar.plugin_api import HookCall\n",
+}
+RULES = {"layers": layer_violations, "plugins": plugin_violations, "lmdb": lmdb_violations,
+         "databases": database_violations, "error classes": error_class_violations,
+         "error table": undocumented_errors, "test layout": mirroring_violations,
+         "test imports": shared_helpers_violations}
+
+
+def test_a_lawful_tree_breaks_no_rule(tmp_path: Path) -> None:
+    root = build(tmp_path, LAWFUL)
+    assert {rule: check(root) for rule, check in RULES.items()} == {rule: [] for rule in RULES}
+
+
+BREAKS = [
+    # a. layers
+    ("layers", {"sidecar/memory/api.py": "import grpc\n"}, "sidecar/memory/api.py: imports grpc, which only"),
+    ("layers", {"sidecar/text/counting.py": "def f():\n    from grpc_status import rpc_status\n"},
+     "sidecar/text/counting.py: imports grpc_status, which only sidecar/wire"),
+    ("layers", {"sidecar/cli.py": "from google.rpc import status_pb2\n"}, "sidecar/cli.py: imports google.rpc"),
+    ("layers", {"sidecar/context_window/state.py": "from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb\n"},
+     "sidecar/context_window/state.py: imports sidecar.pb.contextsidecar.v1, which only sidecar/wire"),
+    ("layers", {"sidecar/storage/environment.py": "from sidecar.pb.contextsidecar.storage.v1 import records_pb2\n"},
+     "imports sidecar.pb.contextsidecar.storage.v1, which only sidecar/storage/codec.py may import"),
+    ("layers", {"sidecar/transcript/log.py": "from sidecar.wire import status\n"},
+     "sidecar/transcript/log.py: imports sidecar.wire, but the area layer may not import the wire layer"),
+    ("layers", {"sidecar/tenant_events/log.py": "import sidecar.cli\n"}, "the area layer may not import the entry"),
+    ("layers", {"sidecar/storage/keys.py": "from sidecar.memory.api import Memories\n"},
+     "sidecar/storage/keys.py: imports sidecar.memory.api, but the storage layer may not import the area layer"),
+    ("layers", {"sidecar/storage/keys.py": "from ..text import counting\n"},
+     "sidecar/storage/keys.py: imports sidecar.text, but the storage layer may not import the text layer"),
+    ("layers", {"sidecar/storage/keys.py": "from sidecar.wire.status import to_status\n"},
+     "the storage layer may not import the wire layer"),
+    ("layers", {"sidecar/text/fencing.py": "from sidecar.storage.keys import Txn\n"},
+     "sidecar/text/fencing.py: imports sidecar.storage.keys, but the text layer may not import the storage layer"),
+    ("layers", {"sidecar/text/fencing.py": "from sidecar.transcript import log\n"},
+     "the text layer may not import the area layer"),
+    ("layers", {"sidecar/validation.py": "from sidecar.text.counting import Counters\n"},
+     "sidecar/validation.py: imports sidecar.text.counting, but errors, settings and validation import nothing"),
+    ("layers", {"sidecar/errors.py": ERRORS + "from sidecar.settings import Settings\n"},
+     "sidecar/errors.py: imports sidecar.settings, but errors, settings and validation import nothing"),
+    ("layers", {"fastcore/_reference.py": "from sidecar.errors import ValidationError\n"},
+     "fastcore/_reference.py: imports sidecar.errors, but fastcore takes plain values"),
+    ("layers", {"fastcore/_search.pyx": "from libc.stdint cimport uint32_t\nimport lmdb\n"},
+     "fastcore/_search.pyx: imports lmdb, but fastcore takes plain values"),
+    ("layers", {"fastcore/_matcher.pyx": "from google.protobuf cimport message\n"},
+     "fastcore/_matcher.pyx: imports google.protobuf, but fastcore"),
+    ("plugins", {"tests/plugin/plugin.py": "from sidecar.context_window.policy import HookCall\n"},
+     "tests/plugin/plugin.py: imports sidecar.context_window.policy; a plugin may import only sidecar.plugin_api"),
+    # b. lmdb
+    ("lmdb", {"sidecar/context_window/state.py": "import lmdb\n"},
+     "sidecar/context_window/state.py: imports lmdb; only sidecar/storage"),
+    ("lmdb", {"sidecar/cli.py": "def main():\n    import lmdb\n"}, "sidecar/cli.py: imports lmdb"),
+    ("lmdb", {"sidecar/wire/schema.py": "import lmdb.cffi\n"}, "sidecar/wire/schema.py: imports lmdb"),
+    # c. databases
+    ("databases", {"sidecar/storage/databases.py": DATABASES.replace('(b"usage",)', '(b"usage", b"events")')},
+     "sidecar/storage/databases.py: database events is in 2 areas (runs, run_context)"),
+    ("databases", {"sidecar/memory/api.py": "def f(store):\n    return store.env.open_db(b'mem_docs')\n"},
+     "sidecar/memory/api.py:2: calls open_db; only sidecar/storage/environment.py opens databases"),
+    ("databases", {"sidecar/context_window/state.py": "def f(txn, db):\n    return txn.get(b'k', db=db['windows'])\n"},
+     "sidecar/context_window/state.py:2: names database windows of area runs; its own area is run_context"),
+    ("databases", {"sidecar/transcript/forks.py": "def f(self):\n    return self._db['usage']\n"},
+     "sidecar/transcript/forks.py:2: names database usage of area run_context; its own area is runs"),
+    ("databases", {"sidecar/memory/api.py": "def f(store):\n    return store.handles('memory')['events']\n"},
+     "sidecar/memory/api.py:2: names database events of area runs; its own area is memory"),
+    ("databases", {"sidecar/context_window/run_context.py":
+                   "def f(store):\n    return store.handles('runs', 'run_context')\n"},
+     "sidecar/context_window/run_context.py:2: asks for the handles of area runs; its own area is run_context"),
+    ("databases", {"sidecar/memory/api.py": "def f(self):\n    return self._db['mem_gone']\n"},
+     "sidecar/memory/api.py:2: names database mem_gone, which no area declares"),
+    ("databases", {"sidecar/wire/servicer.py": "def f(store):\n    return store.db['events']\n"},
+     "sidecar/wire/servicer.py:2: names database events of area runs outside that area"),
+    # d. the error table
+    ("error classes", {"sidecar/errors.py": ERRORS + "\n\nclass Missing(NotFound):\n    status = 'NOT_FOUND'\n"},
+     "Missing has the code 'not_found' of NotFound"),
+    ("error classes", {"sidecar/errors.py": ERRORS + "\n\nclass Blank(SidecarError):\n    code = ''\n"},
+     "Blank has no code"),
+    ("error classes", {"sidecar/memory/api.py": "from sidecar import errors\n\n\nclass Teapot(errors.NotFound):\n"
+                                                "    code = 'forgotten'\n    status = 'IM_A_TEAPOT'\n"},
+     "sidecar/memory/api.py:4: Teapot has the status 'IM_A_TEAPOT', which is no grpc.StatusCode"),
+    ("error table", {"docs/errors.md": "| code |\n|---|\n| `internal` |\n| `forgotten` |\nnot_found is not a row\n"},
+     "sidecar/errors.py:7: NotFound's code 'not_found' has no row in docs/errors.md"),
+    ("error table", {"docs/errors.md": None}, "docs/errors.md is missing"),
+    # e. the tests
+    ("test layout", {"tests/storage_tests/test_keys.py": ""}, "tests/storage_tests: names no folder of sidecar/"),
+    ("test layout", {"tests/fastcore/unknown/test_x.py": ""}, "tests/fastcore/unknown: names no folder"),
+    ("test layout", {"tests/wire/test_server.py": "", "sidecar/wire/server.py": ""}, "tests/wire: has no __init__.py"),
+    ("test imports", {"tests/memory/test_trust.py": "from tests.memory.test_api import TOKENS\n"},
+     "tests/memory/test_trust.py: imports tests.memory.test_api; tests share only tests.helpers"),
+    ("test imports", {"tests/memory/test_trust.py": "from tests.conftest import TENANT\n"},
+     "imports tests.conftest; tests share only tests.helpers"),
+    ("test imports", {"tests/memory/test_trust.py": "from .test_api import TOKENS\n"},
+     "tests/memory/test_trust.py: imports tests.memory.test_api"),
+    ("test imports", {"tests/helpers.py": "def f():\n    from tests.wire.test_server import ev\n"},
+     "tests/helpers.py: imports tests.wire.test_server"),
+]
+
+
+@pytest.mark.parametrize("rule, files, reported", BREAKS,
+                         ids=[f"{rule}: {reported.split(': ')[-1][:50]}" for rule, _, reported in BREAKS])
+def test_a_tree_that_breaks_a_rule_has_it_reported(tmp_path: Path, rule: str, files: dict[str, str | None],
+                                                     reported: str) -> None:
+    root = build(tmp_path, {**LAWFUL, **{name: text for name, text in files.items() if text is not None}})
+    for name in (name for name, text in files.items() if text is None):
+        (root / name).unlink()
+    violations = RULES[rule](root)
+    assert any(reported in violation for violation in violations), violations
+    # The break is this rule's alone: every other rule still holds on the tree.
+    assert {other: check(root) for other, check in RULES.items() if other != rule} == {
+        other: [] for other in RULES if other != rule}
+
+
+# The generated stubs and the stored format.
+
+def test_committed_stubs_are_what_the_protos_generate(tmp_path: Path) -> None:
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "generate_stubs.py"), "--out", str(tmp_path)], check=True)
+    generated = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
+    committed = sorted(p.relative_to(ROOT) for p in (ROOT / "sidecar" / "pb").rglob("*")
+                       if p.is_file() and p.name != "__init__.py" and "__pycache__" not in p.parts)
+    assert generated == committed
+    for relative in generated:
+        assert (tmp_path / relative).read_bytes() == (ROOT / relative).read_bytes(), (
+            f"{relative} is stale: run python scripts/generate_stubs.py")
+
+
+def test_memory_records_are_memory_entries_on_the_wire() -> None:
+    entry_fields = {f.number: (f.name, f.type, f.message_type and f.message_type.full_name)
+                    for f in pb.MemoryEntry.DESCRIPTOR.fields}
+    for field in MemoryRecord.DESCRIPTOR.fields:
+        assert entry_fields[field.number] == (field.name, field.type,
+                                              field.message_type and field.message_type.full_name)
+    record = MemoryRecord(id="m1", content="héllo", tags=["a", "b"], tokens=2)
+    record.created_at.FromMilliseconds(1_700_000_000_123)
+    entry = pb.MemoryEntry.FromString(record.SerializeToString())
+    assert (entry.id, entry.content, list(entry.tags), entry.tokens, entry.created_at.ToMilliseconds()) == (
+        "m1", "héllo", ["a", "b"], 2, 1_700_000_000_123)
+    assert len(unknown_fields.UnknownFieldSet(entry)) == 0
+
+
+def test_event_records_are_window_entries_on_the_wire() -> None:
+    """EventRecord may hold only WindowEntry's fields, with the same numbers and types (its
+    content is the entry's text), so a stored record is a valid WindowEntry."""
+    entry_fields = {f.number: (f.name, f.type) for f in pb.WindowEntry.DESCRIPTOR.fields}
+    for field in EventRecord.DESCRIPTOR.fields:
+        name, kind = entry_fields[field.number]
+        assert kind == field.type and name == {"content": "text"}.get(field.name, field.name), field.name
+    record = EventRecord(event_id="e1", seq=3, iteration=2, role="tool", type="tool_result", call_id="k",
+                         content="héllo", tokens=5)
+    entry = pb.WindowEntry.FromString(record.SerializeToString())
+    assert (entry.event_id, entry.seq, entry.iteration, entry.role, entry.type, entry.call_id, entry.text,
+            entry.tokens, entry.clipped_from_tokens) == ("e1", 3, 2, "tool", "tool_result", "k", "héllo", 5, 0)
+    assert len(unknown_fields.UnknownFieldSet(entry)) == 0
