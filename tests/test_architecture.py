@@ -360,7 +360,6 @@ def test_every_error_class_has_one_code_and_a_status() -> None:
         (cls.__name__, cls.code, cls.status) for cls in running}
 
 
-@pytest.mark.xfail(strict=True, reason="docs/errors.md lands with the README move")
 def test_every_error_code_is_in_the_error_table() -> None:
     assert undocumented_errors(ROOT) == []
 
