@@ -22,6 +22,9 @@ holds the built-in answer, and sets ``call.result`` to replace it. It may also h
 ``state_schemas``: agent-state data subset names mapped to the JSON schemas that describe them.
 A plugin's answer is checked; a plugin that raises or answers nonsense fails the call with
 ``plugin_failed`` (the traceback goes to the log), never silently falls back to the default.
+
+A plugin imports the names it needs (the hooks' inputs and results, :class:`HookCall`) from
+``sidecar.plugin_api``, the stable surface, which re-exports them from here.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ and describes one agent-state subset, ``counter``.
 
 from __future__ import annotations
 
-from sidecar.context_window.policy import HookCall, KeepInput, SummariseInput, SummariseResult, TriggerInput
+from sidecar.plugin_api import HookCall, KeepInput, SummariseInput, SummariseResult, TriggerInput
 
 
 class EveryThirdTurn:
