@@ -48,8 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ImportError as error:
         print(f"context-sidecar: cannot start: {error}", file=sys.stderr)
         return 3
-    import lmdb
-
+    from sidecar.storage.environment import StoreError
     from sidecar.text.encodings import EncodingIntegrityError
 
     try:
@@ -57,7 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as error:  # found once the domain opens: a plugin or a state schema
         print(f"context-sidecar: configuration error: {error}", file=sys.stderr)
         return 2
-    except (EncodingIntegrityError, OSError, lmdb.Error) as error:
+    except (EncodingIntegrityError, OSError, StoreError) as error:
         print(f"context-sidecar: cannot start: {error}", file=sys.stderr)
         return 3
 

@@ -15,7 +15,9 @@ schemas that describe them. A plugin's answer is checked, and one that raises or
 hook cannot take fails the call with ``plugin_failed``.
 
 The built-in answers are :func:`default_trigger`, :func:`default_keep` and
-:func:`default_summarise`, for a plugin that wants to build on them.
+:func:`default_summarise`, for a plugin that wants to build on them. The sections' names (what
+``keep`` answers in) are here too: each static and per-task section's, a loaded skill's prefix
+(its section is ``SKILL_PREFIX + name``), and the transcript's.
 """
 
 from __future__ import annotations
@@ -34,8 +36,36 @@ from sidecar.context_window.policy import (
     default_summarise,
     default_trigger,
 )
+from sidecar.context_window.profiles import (
+    AGENTS,
+    HISTORY,
+    PARTICIPANTS,
+    PLAN,
+    SKILL_PREFIX,
+    SKILLS_INDEX,
+    STATE_SUMMARY,
+    STATIC_SECTIONS,
+    SYSTEM_PROMPT,
+    TASK,
+    TASK_SECTIONS,
+    TOOL_RESULTS,
+    TRANSCRIPT_SECTIONS,
+)
 
 __all__ = [
+    "AGENTS",
+    "HISTORY",
+    "PARTICIPANTS",
+    "PLAN",
+    "SKILL_PREFIX",
+    "SKILLS_INDEX",
+    "STATE_SUMMARY",
+    "STATIC_SECTIONS",
+    "SYSTEM_PROMPT",
+    "TASK",
+    "TASK_SECTIONS",
+    "TOOL_RESULTS",
+    "TRANSCRIPT_SECTIONS",
     "HOOKS",
     "PLUGIN_GROUP",
     "HistoryEvent",
