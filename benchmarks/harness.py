@@ -35,7 +35,8 @@ class Samples:
 
 
 @contextmanager
-def sidecar_process(storage: Path, flags: Sequence[str], server_env: dict[str, str] | None = None) -> Iterator[grpc.Channel]:
+def sidecar_process(storage: Path, flags: Sequence[str],
+                    server_env: dict[str, str] | None = None) -> Iterator[grpc.Channel]:
     """``python -m sidecar serve`` on a free loopback port; a channel to it while it runs."""
     command = [sys.executable, "-m", "sidecar", "serve", "--listen", "127.0.0.1:0", "--storage-path", str(storage),
                "--log-level", "WARNING", *flags]

@@ -33,10 +33,16 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _section_and_key(dest: str) -> tuple[str, str]:
+    """A setting flag's dest is "<section>.<key>"; a section may hold a dot ("memory.compaction")."""
+    section, _, key = dest.rpartition(".")
+    return section, key
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    overrides = {tuple(dest.rsplit(".", 1)): value for dest, value in vars(args).items() if "." in dest}
+    overrides = {_section_and_key(dest): value for dest, value in vars(args).items() if "." in dest}
     try:
         settings = load_settings(args.config, overrides=overrides)
     except ConfigError as error:
