@@ -48,7 +48,7 @@ class Services:
     memories: Memories
     redactor: Redactor
     events: EventLog
-    compactor: Compactor | None  # None: [memory.compaction] is off
+    compactor: Compactor | None  # the memory compactor; None: [memory.compaction] is off
 
     @classmethod
     def open(cls, settings: Settings) -> Services:
@@ -65,8 +65,8 @@ class Services:
         redactor = Redactor(settings.redaction.detectors)
         memories = Memories(store, counters, settings.memory, redactor)
         events = EventLog(store)
-        compactor = (Compactor(memories, events, settings.memory_compaction)
-                     if settings.memory_compaction.enabled else None)
+        memory_compactor = (Compactor(memories, events, settings.memory_compaction)
+                            if settings.memory_compaction.enabled else None)
         try:
             policy = load_policy(settings.context.plugin)
             schemas = StateSchemas.load(settings.context.state_schemas_dir, policy.state_schemas)
@@ -76,7 +76,7 @@ class Services:
         run_contexts = RunContexts(store, counters, settings.context, redactor, policy, schemas)
         transcripts = Transcripts(store, counters, settings.context, redactor, run_contexts,
                                   settings.context_clearing, settings.render)
-        return cls(store, counters, transcripts, memories, redactor, events, compactor)
+        return cls(store, counters, transcripts, memories, redactor, events, memory_compactor)
 
     def close(self) -> None:
         self.store.close()
