@@ -298,7 +298,8 @@ def print_aims(tallies: list[Tally], default_fraction: float) -> None:
             base = by.get((t.scenario, "max_fill"))
             fill_note = f"mean fill {mean(t.fill):.2f}" if t.fill else "the run never filled its budget"
             if t.fill and t.mode == "off":
-                line(mean(t.fill) >= 0.6, f"{t.shape}, summaries off, {t.policy}: {fill_note} of the budget, aim >= 0.60")
+                line(mean(t.fill) >= 0.6,
+                     f"{t.shape}, summaries off, {t.policy}: {fill_note} of the budget, aim >= 0.60")
             if base is not None:
                 ratio = t.latency.p50 / base.latency.p50
                 line(ratio <= 1.1, f"{t.shape}, summaries {MODE_NAMES[t.mode]}, {t.policy}: AssembleContext p50 "

@@ -75,7 +75,8 @@ def compact_1000(storage: Path) -> tuple[float, dict]:
         stub = pb_grpc.ContextSidecarStub(channel)
         put_all(stub, BULK_REF, corpus.contents(1000, seed=3), "b")
         begin = time.perf_counter()
-        done = stub.CompactMemory(pb.CompactMemoryRequest(memory_ref=BULK_REF, source_ids=[f"b{i}" for i in range(1000)]))
+        done = stub.CompactMemory(pb.CompactMemoryRequest(memory_ref=BULK_REF,
+                                                          source_ids=[f"b{i}" for i in range(1000)]))
         return time.perf_counter() - begin, json.loads(done.event.json)
 
 

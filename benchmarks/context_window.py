@@ -99,7 +99,8 @@ def measure(rounds: int, budget: int, turns: int) -> None:
                                                                       render="openai_responses"))
             calls = {"bare": lambda: health.Check(health_pb2.HealthCheckRequest()),
                      "plain": assemble("plain"), "sections": assemble("full"),
-                     "openai": assemble("full", "openai_responses"), "anthropic": assemble("full", "anthropic_messages"),
+                     "openai": assemble("full", "openai_responses"),
+                     "anthropic": assemble("full", "anthropic_messages"),
                      "turn": turn}
             samples = interleaved(calls, rounds)
 

@@ -22,7 +22,8 @@ _CODE = [
     "        if item.key in seen:\n            continue\n        seen.add(item.key)\n        out.append(item)\n"
     "        if len(out) >= limit:\n            break\n    return out\n",
     "async function {name}(client, id) {{\n  const res = await client.get(`/v1/items/${{id}}?limit={n}`);\n"
-    "  if (!res.ok) throw new Error(`status ${{res.status}}`);\n  return (await res.json()).items.map((x) => x.name);\n}}\n",
+    "  if (!res.ok) throw new Error(`status ${{res.status}}`);\n"
+    "  return (await res.json()).items.map((x) => x.name);\n}}\n",
     "SELECT o.id, o.total, c.name FROM orders o JOIN customers c ON c.id = o.customer_id\n"
     "WHERE o.created_at > now() - interval '{n} days' AND o.status = '{name}'\nORDER BY o.total DESC LIMIT 50;\n",
 ]

@@ -74,7 +74,8 @@ def measure(rounds: int, stacked: int, extra_flags: list[str]) -> None:
             def turn() -> None:
                 iteration = state["iteration"]
                 stub.AssembleContext(pb.AssembleContextRequest(run_id=RUN, iteration=iteration, append_events=[
-                    pb.Event(event_id=f"t{iteration}", role="user", content=new_contents[iteration % len(new_contents)])]))
+                    pb.Event(event_id=f"t{iteration}", role="user",
+                             content=new_contents[iteration % len(new_contents)])]))
                 state["unsummarised"].append(f"t{iteration}")
                 state["iteration"] += 1
 
@@ -98,7 +99,8 @@ def measure(rounds: int, stacked: int, extra_flags: list[str]) -> None:
     print(f"{rounds} interleaved rounds; {in_window} summaries in the re-assembled window "
           f"({len(window.entries)} entries, {window.token_count} tokens); {still} at the end of the rounds\n")
     print("| call | p50 us | p99 us | p50 / bare p50 |\n|---|---:|---:|---:|")
-    for name, label in [("bare", "bare RPC (health Check)"), ("assemble", f"AssembleContext, {in_window} summaries (read)"),
+    for name, label in [("bare", "bare RPC (health Check)"),
+                        ("assemble", f"AssembleContext, {in_window} summaries (read)"),
                         ("turn", "AssembleContext, append + persist (turn)"), ("record", "RecordSummary (recursive)")]:
         s = samples[name]
         print(f"| {label} | {s.p50:,.0f} | {s.p99:,.0f} | {s.p50 / bare:.2f} |")

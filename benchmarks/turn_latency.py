@@ -119,7 +119,8 @@ def print_report(report: dict, sizes: list[int], markdown: bool) -> None:
                 s = samples[(kind, size, budget)]
                 window = windows[(size, budget)]
                 detail = f"{len(window.entries)} entries, {window.ByteSize() // 1024} KiB" if kind == "assemble" else ""
-                rows.append((f"{kind} {budget // 1000}k @ {size // 1000}k events", detail, s.p50, s.p99, s.p50 / bare.p50))
+                rows.append((f"{kind} {budget // 1000}k @ {size // 1000}k events", detail, s.p50, s.p99,
+                             s.p50 / bare.p50))
         r = retokenize[size]
         rows.append((f"retokenize baseline @ {size // 1000}k events", f"{len(r.seconds)} reps", r.p50, r.p99,
                      r.p50 / bare.p50))

@@ -1,6 +1,8 @@
-"""Compiled hot paths of the sidecar (Cython), each module with a readable pure-Python twin:
+"""Compiled hot paths of the sidecar (Cython), each module ``_<name>.pyx`` with a readable
+pure-Python twin ``_<name>_reference.py`` beside it:
 
-- ``_fastcore`` (twin ``_reference``): transcript window selection (max-fill and cache-stable), compaction cut, code points;
+- ``_fastcore`` (twin ``_fastcore_reference``): transcript window selection (max-fill and
+  cache-stable), compaction cut, code points;
 - ``_search`` (twin ``_search_reference``): BM25 and cosine top-k for memory search;
 - ``_matcher`` (twin ``_matcher_reference``): the multi-pattern matcher behind secret redaction.
 

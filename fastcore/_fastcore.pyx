@@ -1,7 +1,7 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 """The sidecar's tight loops, compiled. Plain values in and out: bytes, ints, tuples.
 
-Every function here has a readable twin in ``fastcore/_reference.py`` that documents it and
+Every function here has a readable twin in ``fastcore/_fastcore_reference.py`` that documents it and
 that the tests hold it to. This module knows nothing of LMDB or protobuf.
 """
 
@@ -88,7 +88,7 @@ cdef int64_t* _suffix_min(const unsigned char* p, Py_ssize_t n, int64_t base_seq
 
 def select_window(const unsigned char[::1] records not None, int64_t base_seq, int64_t active_iteration,
                   int64_t budget, int64_t max_events, int64_t floor_seq=0, prefix_tokens=()):
-    """Choose the transcript window. See ``_reference.select_window`` for the contract."""
+    """Choose the transcript window. See ``_fastcore_reference.select_window`` for the contract."""
     cdef Py_ssize_t n = records.shape[0] // _RECORD_SIZE
     cdef const unsigned char* p = &records[0] if records.shape[0] > 0 else NULL
     cdef int64_t end = base_seq + n
@@ -174,7 +174,7 @@ def select_window(const unsigned char[::1] records not None, int64_t base_seq, i
 
 def compaction_cut(const unsigned char[::1] records not None, int64_t base_seq, int64_t floor_seq,
                    int64_t protect_from, int64_t max_tokens, bint whole=False):
-    """The oldest half (``whole``: all) of what may be summarised. See ``_reference.compaction_cut``."""
+    """The oldest half (``whole``: all) of what may be summarised. See ``_fastcore_reference.compaction_cut``."""
     if base_seq > floor_seq:
         raise ValueError("records must start at or before floor_seq")
     cdef Py_ssize_t n = records.shape[0] // _RECORD_SIZE
@@ -219,7 +219,7 @@ def compaction_cut(const unsigned char[::1] records not None, int64_t base_seq, 
 
 
 def splits_group(const unsigned char[::1] records not None, int64_t base_seq, int64_t floor_seq, int64_t cut):
-    """The first seq at or after ``cut`` in a group started before it. See ``_reference.splits_group``."""
+    """The first seq at or after ``cut`` in a group started before it. See ``_fastcore_reference.splits_group``."""
     cdef Py_ssize_t n = records.shape[0] // _RECORD_SIZE
     cdef const unsigned char* p = &records[0] if records.shape[0] > 0 else NULL
     cdef Py_ssize_t j
@@ -237,7 +237,7 @@ def select_stable_window(const unsigned char[::1] records not None, int64_t base
                          int64_t budget, int64_t max_events, int64_t floor_seq=0, prefix_tokens=(),
                          int64_t previous_start=-1, int64_t previous_prefix_in=0, double trim_fraction=0.6):
     """The cache-stable window: the previous start kept while everything fits, else one step
-    forward to ``trim_fraction`` of the bounds. See ``_reference.select_stable_window``."""
+    forward to ``trim_fraction`` of the bounds. See ``_fastcore_reference.select_stable_window``."""
     chosen = select_window(records, base_seq, active_iteration, budget, max_events, floor_seq, prefix_tokens)
     if chosen is None:
         return None

@@ -14,14 +14,18 @@ earlier one, even where a different choice would have found more matches.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # collections.abc.Buffer from Python 3.12 on
+    from typing_extensions import Buffer
 
 
-def _bytes(value: object) -> bytes:
+def _bytes(value: Buffer) -> bytes:
     """A copy of any bytes-like value (bytes, bytearray, memoryview, ...); TypeError otherwise."""
     return bytes(memoryview(value))
 
 
-def _data(value: object) -> bytes:
+def _data(value: Buffer) -> bytes:
     """Scanned data must be a one-dimensional C-contiguous buffer of unsigned bytes (bytes,
     bytearray, a memoryview of either), as the compiled class reads it in place: TypeError for
     no buffer, BufferError for a strided one, ValueError for other shapes or item types."""

@@ -26,13 +26,17 @@ import math
 import operator
 import struct
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # collections.abc.Buffer from Python 3.12 on
+    from typing_extensions import Buffer
 
 POSTING_SIZE = 8
 LANES = 8  # cosine sums run in this many interleaved lanes (a power of two)
 _POSTING = struct.Struct("<IHH")
 
 
-def _bytes_view(data: object) -> memoryview:
+def _bytes_view(data: Buffer) -> memoryview:
     """Any bytes-like object as flat bytes (what the compiled module accepts, too)."""
     return memoryview(data).cast("B")
 
@@ -65,7 +69,7 @@ def _check_bm25_parameters(avgdl: float, k1: float, b: float, n_ordinals: int) -
         raise ValueError(f"n_ordinals must be >= 0, not {n_ordinals}")
 
 
-def bm25_top(postings: Sequence[object], idfs: Sequence[float], avgdl: float, k1: float, b: float,
+def bm25_top(postings: Sequence[Buffer], idfs: Sequence[float], avgdl: float, k1: float, b: float,
              n_ordinals: int, top: int) -> list[tuple[int, float]]:
     """The ``top`` entries by BM25 score, best first: ``[(ordinal, score), ...]``.
 
@@ -111,7 +115,7 @@ def bm25_top(postings: Sequence[object], idfs: Sequence[float], avgdl: float, k1
     return ranked[:top]
 
 
-def cosine_top(query: object, vectors: object, ordinals: object, dim: int, top: int) -> list[tuple[int, float]]:
+def cosine_top(query: Buffer, vectors: Buffer, ordinals: Buffer, dim: int, top: int) -> list[tuple[int, float]]:
     """The ``top`` rows most similar to ``query``, best first: ``[(ordinal, score), ...]``.
 
     ``query`` is ``dim`` float32 values, ``vectors`` ``n * dim`` (row j, from ``j * dim``,

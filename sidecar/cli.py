@@ -33,10 +33,16 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _section_and_key(dest: str) -> tuple[str, str]:
+    """A setting flag's dest is "<section>.<key>"; a section may hold a dot ("memory.compaction")."""
+    section, _, key = dest.rpartition(".")
+    return section, key
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    overrides = {tuple(dest.rsplit(".", 1)): value for dest, value in vars(args).items() if "." in dest}
+    overrides = {_section_and_key(dest): value for dest, value in vars(args).items() if "." in dest}
     try:
         settings = load_settings(args.config, overrides=overrides)
     except ConfigError as error:
@@ -48,8 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ImportError as error:
         print(f"context-sidecar: cannot start: {error}", file=sys.stderr)
         return 3
-    import lmdb
-
+    from sidecar.storage.environment import StoreError
     from sidecar.text.encodings import EncodingIntegrityError
 
     try:
@@ -57,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as error:  # found once the domain opens: a plugin or a state schema
         print(f"context-sidecar: configuration error: {error}", file=sys.stderr)
         return 2
-    except (EncodingIntegrityError, OSError, lmdb.Error) as error:
+    except (EncodingIntegrityError, OSError, StoreError) as error:
         print(f"context-sidecar: cannot start: {error}", file=sys.stderr)
         return 3
 

@@ -237,7 +237,8 @@ class Settings:
 # A dotted name is a TOML subtable ([memory.compaction]) and the attribute memory_compaction.
 SECTIONS: dict[str, type] = {
     "server": ServerSettings, "storage": StorageSettings, "context": ContextSettings,
-    "context.clearing": ClearingSettings, "render": RenderSettings, "memory": MemorySettings, "memory.compaction": MemoryCompactionSettings, "redaction": RedactionSettings}
+    "context.clearing": ClearingSettings, "render": RenderSettings, "memory": MemorySettings,
+    "memory.compaction": MemoryCompactionSettings, "redaction": RedactionSettings}
 _TENANT_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # as eventlog.TOOL_NAME, which imports this module
@@ -290,14 +291,14 @@ def _coerce(section: str, option: dataclasses.Field, value: Any, source: str) ->
         return number
     if kind is float:
         try:
-            number = float(value)
+            real = float(value)
         except (TypeError, ValueError):
             raise ConfigError(f"{where}: expected a number, got {value!r}") from None
         low, high = meta["minimum"] if meta["minimum"] is not None else 0.0, meta["maximum"]
-        if number < low or (high is not None and number > high):
+        if real < low or (high is not None and real > high):
             span = f"between {low} and {high}" if high is not None else f"at least {low}"
-            raise ConfigError(f"{where}: must be {span}, got {number}")
-        return number
+            raise ConfigError(f"{where}: must be {span}, got {real}")
+        return real
     if kind == tuple[str, ...]:
         # A TOML array, or one comma-separated string from the environment or a flag.
         names = [name.strip() for name in value.split(",") if name.strip()] if isinstance(value, str) else value

@@ -167,7 +167,8 @@ def json_schema_validator(schema: Any) -> type[jsonschema.protocols.Validator]:
     it declares none), once the schema is checked against that draft's metaschema; ValueError
     saying what is wrong otherwise, an unknown ``$schema`` included (checking it against another
     draft than the one it names would accept or refuse the wrong schemas)."""
-    cls = jsonschema.validators.validator_for(schema, default=None)
+    # None tells an unknown $schema from a known one; the stub allows only a class.
+    cls = jsonschema.validators.validator_for(schema, default=None)  # type: ignore[arg-type]
     if cls is None:
         if isinstance(schema, dict) and "$schema" in schema:
             raise ValueError(f"its $schema {str(schema['$schema'])[:200]!r} is not a JSON Schema draft the sidecar "
@@ -177,7 +178,8 @@ def json_schema_validator(schema: Any) -> type[jsonschema.protocols.Validator]:
         cls.check_schema(schema)
     except jsonschema.SchemaError as error:
         where = "/" + "/".join(str(part) for part in error.absolute_path)
-        draft = cls.META_SCHEMA.get("$id", cls.META_SCHEMA.get("id", "")).rstrip("#")
+        meta: dict[str, Any] = cls.META_SCHEMA
+        draft = meta.get("$id", meta.get("id", "")).rstrip("#")
         raise ValueError(f"is not a valid JSON schema (checked against {draft}): at {where}: {error.message}") from None
     return cls
 

@@ -22,6 +22,9 @@ holds the built-in answer, and sets ``call.result`` to replace it. It may also h
 ``state_schemas``: agent-state data subset names mapped to the JSON schemas that describe them.
 A plugin's answer is checked; a plugin that raises or answers nonsense fails the call with
 ``plugin_failed`` (the traceback goes to the log), never silently falls back to the default.
+
+A plugin imports the names it needs (the hooks' inputs and results, :class:`HookCall`) from
+``sidecar.plugin_api``, the stable surface, which re-exports them from here.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, Generic, TypeVar
 
+from sidecar.context_window.profiles import AGENTS, PARTICIPANTS, PLAN, SKILL_PREFIX, SYSTEM_PROMPT, TASK
 from sidecar.errors import PluginFailed
 
 log = logging.getLogger(__name__)
@@ -39,8 +43,7 @@ log = logging.getLogger(__name__)
 PLUGIN_GROUP = "context_sidecar.plugins"
 HOOKS = ("trigger", "keep", "summarise")
 # The built-in keep: what the context-window capability says always survives.
-KEPT_SECTIONS = frozenset({"system_prompt", "participants", "agents", "task", "plan"})
-SKILL_SECTION_PREFIX = "skill:"
+KEPT_SECTIONS = frozenset({SYSTEM_PROMPT, PARTICIPANTS, AGENTS, TASK, PLAN})
 
 In = TypeVar("In")
 Out = TypeVar("Out")
@@ -49,7 +52,7 @@ Out = TypeVar("Out")
 @dataclass(frozen=True, slots=True)
 class SectionTokens:
     name: str
-    stability: str  # "static", "per_task" or "per_turn"
+    stability: str  # "static", "per_task" or "per_turn" (rendering.STATIC, PER_TASK, PER_TURN)
     tokens: int
 
 
@@ -120,7 +123,7 @@ def default_trigger(given: TriggerInput) -> bool:
 
 def default_keep(given: KeepInput) -> frozenset[str]:
     return frozenset(s.name for s in given.sections
-                     if s.name in KEPT_SECTIONS or s.name.startswith(SKILL_SECTION_PREFIX))
+                     if s.name in KEPT_SECTIONS or s.name.startswith(SKILL_PREFIX))
 
 
 def default_summarise(given: SummariseInput) -> SummariseResult:

@@ -18,9 +18,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import lmdb
-
+from sidecar.context_window import schema
 from sidecar.context_window.rendering import (
+    PER_TASK,
+    STATIC,
     AnthropicStatic,
     OpenAIStatic,
     TextSection,
@@ -31,13 +32,24 @@ from sidecar.context_window.rendering import (
 )
 from sidecar.errors import NotFound, ValidationError
 from sidecar.storage.codec import dump_json, load_json
+from sidecar.storage.keys import Db, Txn
 from sidecar.text.fencing import fence
 from sidecar.text.redaction import redact_json_text, refuse_secrets
 from sidecar.transcript.log import TOOL_NAME
 from sidecar.transcript.runs import Run
 from sidecar.validation import check_id, check_text_bytes, json_field, json_schema_validator
 
-STATIC_PARTS = ("system_prompt", "participants", "agents", "skills_index", "tools")
+# The sections' names, spelled here only. In their declared order: the static sections (from the
+# profile), the per-task ones (from the task, then one per loaded skill), the transcript's.
+SYSTEM_PROMPT, PARTICIPANTS, AGENTS, SKILLS_INDEX = "system_prompt", "participants", "agents", "skills_index"
+TASK, PLAN = "task", "plan"
+SKILL_PREFIX = "skill:"  # a loaded skill's section is named "skill:<its name>"
+STATE_SUMMARY, HISTORY, TOOL_RESULTS = "state_summary", "history", "tool_results"
+STATIC_SECTIONS = (SYSTEM_PROMPT, PARTICIPANTS, AGENTS, SKILLS_INDEX)
+TASK_SECTIONS = (TASK, PLAN)  # then each loaded skill's
+TRANSCRIPT_SECTIONS = (STATE_SUMMARY, HISTORY, TOOL_RESULTS)
+TOOLS = "tools"  # not a section: the tool list, which the prefix includes
+STATIC_PARTS = (*STATIC_SECTIONS, TOOLS)  # the prefix's parts, each hashed on its own
 MAX_ITEMS = 512  # tools, agents, skills, participants, criteria: each list at most this long
 NO_AGENTS = "(no agents)"
 _CACHE_SIZE = 1024
@@ -247,17 +259,17 @@ def static_texts(profile: Profile) -> list[tuple[str, str]]:
     """The static sections, in their declared order; the agents section is always there."""
     sections = []
     if profile.system_prompt:
-        sections.append(("system_prompt", profile.system_prompt))
+        sections.append((SYSTEM_PROMPT, profile.system_prompt))
     if profile.participants:
-        sections.append(("participants", "Participants:\n" + "\n".join(
+        sections.append((PARTICIPANTS, "Participants:\n" + "\n".join(
             f"- {p.role}: {p.description}" if p.description else f"- {p.role}" for p in profile.participants)))
     # Agent cards come from remote agents: data, never instructions, so they go in the fence.
     roster = "\n".join(
         f"- {a.id}" + (f" ({a.name})" if a.name else "") + (f": {a.description}" if a.description else "")
         + (f" Skills: {', '.join(a.skills)}." if a.skills else "") for a in profile.agents)
-    sections.append(("agents", "Agents you can delegate to:\n" + (fence(roster, "agent-cards") if roster else NO_AGENTS)))
+    sections.append((AGENTS, "Agents you can delegate to:\n" + (fence(roster, "agent-cards") if roster else NO_AGENTS)))
     if profile.skills:
-        sections.append(("skills_index", "Skills you can load:\n" + "\n".join(
+        sections.append((SKILLS_INDEX, "Skills you can load:\n" + "\n".join(
             f"- {s.name}: {s.description}" if s.description else f"- {s.name}" for s in profile.skills)))
     return sections
 
@@ -270,10 +282,10 @@ def task_texts(task: Task, skills: tuple[LoadedSkill, ...]) -> list[tuple[str, s
             text += "\n" + task.goal
         if task.acceptance_criteria:
             text += "\nAcceptance criteria:\n" + "\n".join(f"- {c}" for c in task.acceptance_criteria)
-        sections.append(("task", text))
+        sections.append((TASK, text))
     if task.plan:
-        sections.append(("plan", "Plan:\n" + task.plan))
-    sections.extend((f"skill:{s.name}", f"Skill {s.name}:\n{s.body}") for s in skills)
+        sections.append((PLAN, "Plan:\n" + task.plan))
+    sections.extend((SKILL_PREFIX + s.name, f"Skill {s.name}:\n{s.body}") for s in skills)
     return sections
 
 
@@ -288,8 +300,8 @@ def _hash(text: str) -> str:
 def prefix(sections: Sequence[CountedSection], tools_json: str) -> tuple[dict[str, str], str]:
     """The prefix parts' hashes, and the hash of the whole prefix as rendered."""
     by_name = {s.name: s.text for s in sections}
-    parts = {name: _hash(by_name.get(name, ""))[:16] for name in STATIC_PARTS[:-1]}
-    parts["tools"] = _hash(tools_json)[:16]
+    parts = {name: _hash(by_name.get(name, ""))[:16] for name in STATIC_SECTIONS}
+    parts[TOOLS] = _hash(tools_json)[:16]
     whole = dump_json({"sections": [[s.name, s.text] for s in sections], "tools": tools_json})
     return parts, hashlib.sha256(whole).hexdigest()
 
@@ -342,14 +354,14 @@ def _parse_profile(value: dict[str, Any]) -> PreparedProfile:
                       tuple(RemoteAgent(a[0], a[1], a[2], tuple(a[3])) for a in fields["agents"]),
                       tuple(SkillSummary(*s) for s in fields["skills"]),
                       tuple(ToolDefinition(*t) for t in fields["tools"]), fields["model_window_tokens"])
-    sections = tuple(CountedSection(name, "static", text, tokens) for name, text, tokens in value["sections"])
+    sections = tuple(CountedSection(name, STATIC, text, tokens) for name, text, tokens in value["sections"])
     return _prepare_profile(profile, sections, value["tools_tokens"])
 
 
 def _parse_task(value: dict[str, Any]) -> PreparedTask:
     task_id, goal, criteria, plan = value["task"]
     return PreparedTask(Task(task_id, goal, tuple(criteria), plan), tuple(LoadedSkill(*s) for s in value["skills"]),
-                        tuple(CountedSection(name, "per_task", text, tokens) for name, text, tokens in value["sections"]))
+                        tuple(CountedSection(name, PER_TASK, text, tokens) for name, text, tokens in value["sections"]))
 
 
 class ProfileCache:
@@ -374,17 +386,18 @@ class ProfileCache:
         return value
 
 
-def load_profile(txn: lmdb.Transaction, db: dict, key: bytes, run: Run, cache: ProfileCache) -> PreparedProfile:
+def load_profile(txn: Txn, db: dict[str, Db], key: bytes, run: Run, cache: ProfileCache) -> PreparedProfile:
     """The run's prepared profile (:data:`EMPTY_PROFILE` for a run that never set one)."""
     if not run.profile_digest:
         return EMPTY_PROFILE
-    return cache.get((key, run.profile_digest), lambda: _parse_profile(load_json(_read(txn, db["profiles"], key))))
+    return cache.get((key, run.profile_digest),
+                     lambda: _parse_profile(load_json(_named(schema.read_profile(txn, db, key)))))
 
 
-def load_task(txn: lmdb.Transaction, db: dict, key: bytes, run: Run, cache: ProfileCache) -> PreparedTask:
+def load_task(txn: Txn, db: dict[str, Db], key: bytes, run: Run, cache: ProfileCache) -> PreparedTask:
     if not run.task_digest:
         return EMPTY_TASK
-    return cache.get((key, run.task_digest), lambda: _parse_task(load_json(_read(txn, db["tasks"], key))))
+    return cache.get((key, run.task_digest), lambda: _parse_task(load_json(_named(schema.read_task(txn, db, key)))))
 
 
 def empty_profile() -> PreparedProfile:
@@ -393,16 +406,16 @@ def empty_profile() -> PreparedProfile:
     return _prepare_profile(Profile(), (), 0)
 
 
-def stored_task(txn: lmdb.Transaction, db: dict, key: bytes) -> tuple[Task, tuple[LoadedSkill, ...]]:
-    data = txn.get(key, db=db["tasks"])
+def stored_task(txn: Txn, db: dict[str, Db], key: bytes) -> tuple[Task, tuple[LoadedSkill, ...]]:
+    data = schema.read_task(txn, db, key)
     if data is None:
         return Task(), ()
     prepared = _parse_task(load_json(data))
     return prepared.task, prepared.skills
 
 
-def _read(txn: lmdb.Transaction, handle: Any, key: bytes) -> bytes:
-    data = txn.get(key, db=handle)
+def _named(data: bytes | None) -> bytes:
+    """A record the run record names by digest."""
     if data is None:  # the run record names a record that is not there: a defect, not a user error
         raise NotFound("the run's profile or task record is missing")
     return data

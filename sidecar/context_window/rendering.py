@@ -47,11 +47,14 @@ NO_MESSAGES = "(No messages yet.)"
 
 _OTHER_ROLES = frozenset(("system", "user", "tool"))  # everyone's but the assistant's
 
+# A section's stability: how often it may change, hence where it goes in a cached prefix.
+STATIC, PER_TASK, PER_TURN = "static", "per_task", "per_turn"
+
 
 @dataclass(frozen=True, slots=True)
 class TextSection:
-    name: str  # "system_prompt", "participants", "agents", "skills_index" (static); "task", "plan", "skill:<name>"
-    stability: str  # "static" | "per_task" | "per_turn"
+    name: str  # a static or per-task section's name (see profiles: STATIC_SECTIONS, TASK_SECTIONS)
+    stability: str  # STATIC, PER_TASK or PER_TURN
     text: str  # already rendered, fed as is
 
 
@@ -148,7 +151,7 @@ def canonical_tools_json(tools: Sequence[Tool]) -> str:
 
 def _static_texts(sections: Sequence[TextSection]) -> list[str]:
     for section in sections:
-        if section.stability != "static":
+        if section.stability != STATIC:
             raise ValueError(f"section {section.name!r} is {section.stability}, not static: it would change the "
                              "cached prefix")
     return [section.text for section in sections if not _blank(section.text)]
@@ -369,6 +372,10 @@ def _results_tokens(results: list[HistoryItem]) -> int:
     return sum(r.tokens for r in results if not _blank(r.text))
 
 
+def _nothing_wanted(item: HistoryItem) -> bool:
+    return False
+
+
 def anthropic_parts_and_first(history: Sequence[HistoryItem],
                               wanted: Callable[[HistoryItem], bool] | None) -> tuple[list[Part], int]:
     """:func:`anthropic_parts` and :func:`anthropic_first_block` in one pass over the history
@@ -381,6 +388,7 @@ def anthropic_parts_and_first(history: Sequence[HistoryItem],
         parts.append(("<uK", 0))
     first = -1
     looking = wanted is not None
+    is_wanted = wanted if wanted is not None else _nothing_wanted  # called only while looking
     owed: list[Part] = []
     owed_results: list[list[HistoryItem]] = []
     for turn in turns:
@@ -390,12 +398,12 @@ def anthropic_parts_and_first(history: Sequence[HistoryItem],
             blocks = owed
             if looking:
                 for index, results in enumerate(owed_results, len(parts)):
-                    if any(wanted(item) for item in results):
+                    if any(is_wanted(item) for item in results):
                         first, looking = index, False
                         break
         owed = []
         for is_call, item in turn.items:
-            if looking and wanted(item):
+            if looking and is_wanted(item):
                 first, looking = len(parts) + len(blocks), False
             blocks.append(("C" + item.key if is_call else item.key, item.tokens))
         if blocks:
@@ -410,7 +418,7 @@ def anthropic_parts_and_first(history: Sequence[HistoryItem],
     if owed:
         if looking:
             for index, results in enumerate(owed_results, len(parts)):
-                if any(wanted(item) for item in results):
+                if any(is_wanted(item) for item in results):
                     first = index
                     break
         owed[0] = ("<u" + owed[0][0], owed[0][1])

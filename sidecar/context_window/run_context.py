@@ -13,8 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-import lmdb
-
+from sidecar.context_window import schema
 from sidecar.context_window import state as agent_state
 from sidecar.context_window.policy import Policy
 from sidecar.context_window.profiles import (
@@ -42,6 +41,7 @@ from sidecar.context_window.state import StateSchemas, Usage
 from sidecar.errors import Conflict, FieldViolation, NotFound, ValidationError
 from sidecar.settings import ContextSettings
 from sidecar.storage.environment import Store
+from sidecar.storage.keys import Txn
 from sidecar.text.counting import Counters
 from sidecar.text.redaction import Redactor, refuse_secrets
 from sidecar.transcript.runs import Run, require_run, run_key, save_run
@@ -76,14 +76,14 @@ class RunContexts:
 
     # -- what a turn reads ---------------------------------------------------------------------
 
-    def layout(self, txn: lmdb.Transaction, key: bytes, run: Run, run_id: str) -> Layout:
+    def layout(self, txn: Txn, key: bytes, run: Run, run_id: str) -> Layout:
         """The run's window layout (cached per profile, task and counter)."""
         cache_key = (key, f"{run.profile_digest}/{run.task_digest}/layout")
         return self._cache.get(cache_key, lambda: layout(
             self.policy, self.profile(txn, key, run), load_task(txn, self._db, key, run, self._cache), run_id,
             self._defaults.model_window_tokens, self._defaults.turn_budget_tokens))
 
-    def profile(self, txn: lmdb.Transaction, key: bytes, run: Run) -> PreparedProfile:
+    def profile(self, txn: Txn, key: bytes, run: Run) -> PreparedProfile:
         return load_profile(txn, self._db, key, run, self._cache)
 
     # -- the profile and the task ---------------------------------------------------------------
@@ -109,7 +109,7 @@ class RunContexts:
             new.task_record = task_record(new.task, (), self._counter(run, "task"))
         return new
 
-    def confirm(self, txn: lmdb.Transaction, key: bytes, run: Run, run_id: str, new: NewContext) -> None:
+    def confirm(self, txn: Txn, key: bytes, run: Run, run_id: str, new: NewContext) -> None:
         """An existing run is confirmed when the profile and task given are the run's (its loaded
         skills aside: they are not OpenRun's)."""
         differing = []
@@ -121,13 +121,13 @@ class RunContexts:
             raise Conflict(f"run {run_id!r} already exists with a different {' and '.join(differing)}",
                            tuple(FieldViolation(name, "differs from the run's") for name in differing))
 
-    def store_new(self, txn: lmdb.Transaction, key: bytes, run: Run, new: NewContext) -> None:
+    def store_new(self, txn: Txn, key: bytes, run: Run, new: NewContext) -> None:
         """Give a run being created what :meth:`prepare_new` made."""
         if new.profile_record is not None:
-            txn.put(key, new.profile_record, db=self._db["profiles"])
+            schema.put_profile(txn, self._db, key, new.profile_record)
             run.profile_digest = digest(new.profile_record)
         if new.task_record is not None:
-            txn.put(key, new.task_record, db=self._db["tasks"])
+            schema.put_task(txn, self._db, key, new.task_record)
             run.task_digest = digest(new.task_record)
 
     def update_profile(self, tenant: str, run_id: str, profile: Profile) -> ProfileUpdate:
@@ -138,10 +138,10 @@ class RunContexts:
         record = profile_record(redacted_profile(profile, self._redactor.redacting(tenant, run_id)),
                                 self._counter(run, "profile"))
 
-        def write(txn: lmdb.Transaction) -> ProfileUpdate:
+        def write(txn: Txn) -> ProfileUpdate:
             run = require_run(txn, self._db, key, run_id)
             before = self.profile(txn, key, run)
-            txn.put(key, record, db=self._db["profiles"])
+            schema.put_profile(txn, self._db, key, record)
             run.profile_digest = digest(record)
             save_run(txn, self._db, key, run)
             after = self.profile(txn, key, run)
@@ -189,10 +189,10 @@ class RunContexts:
             counted = _Memo(self._counter(run, field))
             task_record(*change(*stored_task(txn, self._db, key)), counted)
 
-        def write(txn: lmdb.Transaction) -> None:
+        def write(txn: Txn) -> None:
             run = require_run(txn, self._db, key, run_id)
             record = task_record(*change(*stored_task(txn, self._db, key)), counted)
-            txn.put(key, record, db=self._db["tasks"])
+            schema.put_task(txn, self._db, key, record)
             run.task_digest = digest(record)
             save_run(txn, self._db, key, run)
 
@@ -210,33 +210,34 @@ class RunContexts:
         if value is not None:
             self.schemas.check(subset, value)
 
-        def write(txn: lmdb.Transaction) -> None:
+        def write(txn: Txn) -> None:
             require_run(txn, self._db, key, run_id)
-            agent_state.put_data(txn, self._db, key, subset, value)
+            schema.put_state_subset(txn, self._db, key, subset, value)
 
         self._store.write(write)
 
-    def state_data(self, txn: lmdb.Transaction, key: bytes) -> dict[str, Any]:
-        return agent_state.read_data(txn, self._db, key)
+    def state_data(self, txn: Txn, key: bytes) -> dict[str, Any]:
+        return schema.read_state_data(txn, self._db, key)
 
-    def task_of(self, txn: lmdb.Transaction, key: bytes, run: Run) -> PreparedTask:
+    def task_of(self, txn: Txn, key: bytes, run: Run) -> PreparedTask:
         return load_task(txn, self._db, key, run, self._cache)
 
     def record_usage(self, tenant: str, run_id: str, iteration: int, input_tokens: int, cached_tokens: int,
-                     output_tokens: int, cache_read_input_tokens: int = 0, cache_creation_input_tokens: int = 0) -> Usage:
+                     output_tokens: int, cache_read_input_tokens: int = 0,
+                     cache_creation_input_tokens: int = 0) -> Usage:
         key = run_key(tenant, run_id)
         if iteration < 1:
             raise ValidationError.field("iteration", f"must be at least 1, got {iteration}")
         now_ms = int(time.time() * 1000)
 
-        def write(txn: lmdb.Transaction) -> Usage:
+        def write(txn: Txn) -> Usage:
             require_run(txn, self._db, key, run_id)
             return agent_state.record_usage(txn, self._db, key, run_id, iteration, input_tokens, cached_tokens,
                                             output_tokens, now_ms, cache_read_input_tokens, cache_creation_input_tokens)
 
         return self._store.write(write)
 
-    def last_usage(self, txn: lmdb.Transaction, key: bytes) -> Usage | None:
+    def last_usage(self, txn: Txn, key: bytes) -> Usage | None:
         return agent_state.last_usage(txn, self._db, key)
 
 

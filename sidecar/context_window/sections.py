@@ -17,11 +17,26 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from sidecar.context_window.policy import KeepInput, Policy, SectionTokens
-from sidecar.context_window.profiles import STATIC_PARTS, CountedSection, PreparedProfile, PreparedTask, prefix, statics
+from sidecar.context_window.profiles import (
+    HISTORY,
+    SKILL_PREFIX,
+    STATE_SUMMARY,
+    STATIC_PARTS,
+    TOOL_RESULTS,
+    TRANSCRIPT_SECTIONS,
+    CountedSection,
+    PreparedProfile,
+    PreparedTask,
+    prefix,
+    statics,
+)
 from sidecar.context_window.rendering import (
     ANTHROPIC_MAX_BREAKPOINTS,
+    PER_TURN,
+    STATIC,
     AnthropicStatic,
     HistoryItem,
     OpenAIStatic,
@@ -45,13 +60,12 @@ from sidecar.transcript.window import TranscriptWindow
 from sidecar.validation import MAX_COUNT
 
 RENDERINGS = ("openai_responses", "anthropic_messages")
-TRANSCRIPT_SECTIONS = ("state_summary", "history", "tool_results")
 
 
 @dataclass(frozen=True, slots=True)
 class Section:
     name: str
-    stability: str  # "static", "per_task" or "per_turn"
+    stability: str  # rendering.STATIC, PER_TASK or PER_TURN
     never_compact: bool
     text: str  # what is fed, for a text section; "" for the transcript's sections
     tokens: int
@@ -88,7 +102,7 @@ def layout(policy: Policy, profile: PreparedProfile, task: PreparedTask, run_id:
     limit = min(profile.profile.model_window_tokens or model_window_tokens, turn_budget_tokens or MAX_COUNT)
     sections = profile.sections + task.sections
     kept = policy.keep(KeepInput(tuple(SectionTokens(s.name, s.stability, s.tokens) for s in sections)
-                                 + tuple(SectionTokens(name, "per_turn", 0) for name in TRANSCRIPT_SECTIONS)))
+                                 + tuple(SectionTokens(name, PER_TURN, 0) for name in TRANSCRIPT_SECTIONS)))
     fed = list(sections)
     fixed = sum(s.tokens for s in sections) + profile.tools_tokens
     trimmed = []
@@ -104,7 +118,7 @@ def layout(policy: Policy, profile: PreparedProfile, task: PreparedTask, run_id:
             f"the sections the policy keeps and the tools take {fixed} tokens, which leaves the transcript "
             f"nothing under the turn limit of {limit} (the model's window, or [context] turn_budget_tokens)")
     parts, sha, openai, anthropic = profile.parts, profile.prefix_sha256, profile.openai, profile.anthropic
-    static = [s for s in fed if s.stability == "static"]
+    static = [s for s in fed if s.stability == STATIC]
     if len(static) != len(profile.sections):  # a static section was trimmed: the prefix fed is another
         parts, sha = prefix(static, profile.tools_json)
         openai, anthropic = statics(profile.profile, static)
@@ -150,12 +164,12 @@ def sections(plan: Layout, window: TranscriptWindow, with_text: bool = True) -> 
     summary_tokens = sum(entry_at(window, i)[2] for i in range(fed))
     ids = window.event_ids
     if fed:
-        out.append(Section("state_summary", "per_turn", "state_summary" in kept, "", summary_tokens, tuple(ids[:fed])))
+        out.append(Section(STATE_SUMMARY, PER_TURN, STATE_SUMMARY in kept, "", summary_tokens, tuple(ids[:fed])))
     if tail > fed:
-        out.append(Section("history", "per_turn", "history" in kept, "",
+        out.append(Section(HISTORY, PER_TURN, HISTORY in kept, "",
                            window.token_count - summary_tokens - tail_tokens, tuple(ids[fed:tail])))
     if tail < len(window.records):
-        out.append(Section("tool_results", "per_turn", "tool_results" in kept, "", tail_tokens, tuple(ids[tail:])))
+        out.append(Section(TOOL_RESULTS, PER_TURN, TOOL_RESULTS in kept, "", tail_tokens, tuple(ids[tail:])))
     return out
 
 
@@ -176,7 +190,7 @@ class HistoryCache:
         """The window's entries as items: a tuple, which the renderings split into turns once
         for the whole request (see rendering._turns)."""
         found = self._items
-        keys = [(run, event_id) for event_id in window.event_ids]
+        keys: list[tuple] = [(run, event_id) for event_id in window.event_ids]
         for position, clip in window.clips.items():
             keys[position] = (run, keys[position][1], clip.text, clip.tokens)
         history = list(map(found.get, keys))  # the whole window in C; most entries are known
@@ -192,7 +206,7 @@ class HistoryCache:
                         if len(found) > self._size:
                             found.popitem(last=False)
                     history[position] = item
-        return tuple(history)
+        return tuple(cast("list[HistoryItem]", history))  # every None is filled in by now
 
 
 def render(kind: str, plan: Layout, history: Sequence[HistoryItem], cache: dict,
@@ -200,7 +214,7 @@ def render(kind: str, plan: Layout, history: Sequence[HistoryItem], cache: dict,
     """The provider request body for the window (JSON); ``history`` is its entries as items,
     ``cache`` the request's cache state (:func:`cache_state`: where Anthropic's rolling
     breakpoints go)."""
-    task_sections = [TextSection(s.name, s.stability, s.text) for s in plan.sections if s.stability != "static"]
+    task_sections = [TextSection(s.name, s.stability, s.text) for s in plan.sections if s.stability != STATIC]
     if kind == "openai_responses":
         return openai_responses(plan.openai, task_sections, history, plan.task_id, prompt_cache_retention)
     start = cache["history_from"]
@@ -225,11 +239,11 @@ def request_parts(form: str, plan: Layout, history: Sequence[HistoryItem]) -> tu
     the static prefix (the static sections and the tools; for OpenAI also the prompt cache key,
     which routes the request to a cache), each per-task section, then the history: the window's
     entries for the plain form (""), the body's items for a rendering."""
-    static_tokens = sum(s.tokens for s in plan.sections if s.stability == "static") + plan.profile.tools_tokens
+    static_tokens = sum(s.tokens for s in plan.sections if s.stability == STATIC) + plan.profile.tools_tokens
     routed = "\x00" + plan.task_id if form == "openai_responses" else ""
     parts: list[Part] = [("P" + plan.prefix_sha256 + routed, static_tokens)]
     parts += [task_part(s.name, s.text, s.tokens) for s in plan.sections
-              if s.stability != "static" and not (form and is_blank(s.text))]
+              if s.stability != STATIC and not (form and is_blank(s.text))]
     start = len(parts)
     clearable = -1
     if form == "openai_responses":
@@ -268,7 +282,7 @@ def cache_state(form: str, plan: Layout, window: TranscriptWindow, history: Sequ
     if form == "anthropic_messages":
         # Where the previous request wrote and this one is still identical, the block before the
         # first tool result a clearing may change, and the last block: see anthropic_rolling.
-        reads = [p for p in (previous["rolling"] if at else ()) if start <= p < at]
+        reads = [p for p in (previous["rolling"] if at and previous is not None else ()) if start <= p < at]
         room = ANTHROPIC_MAX_BREAKPOINTS - plan.anthropic.has_system_blocks - (start > 1)  # static, per-task
         rolling = anthropic_rolling(len(keys) - 1, reads, start + clearable - 1 if clearable > 0 else -1, room)
     reason = _break_reason(form, previous, keys, at, changed, first, altered)
@@ -300,8 +314,8 @@ def _break_reason(form: str, previous: dict | None, keys: list[str], at: int, ch
     mine = _kind(keys[at]) if at < len(keys) else ""
     if mine == "T" or _kind(before[at]) == "T":
         now, then = task_part_names(keys), task_part_names(before)
-        if {n: k for n, k in now.items() if not n.startswith("skill:")} != \
-                {n: k for n, k in then.items() if not n.startswith("skill:")}:
+        if {n: k for n, k in now.items() if not n.startswith(SKILL_PREFIX)} != \
+                {n: k for n, k in then.items() if not n.startswith(SKILL_PREFIX)}:
             return "task_changed"
         return "skill_unloaded" if set(then) - set(now) else "skill_loaded"
     if mine == "S":

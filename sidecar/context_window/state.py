@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
-import lmdb
 
+from sidecar.context_window.schema import put_usage, read_last_usage
 from sidecar.errors import FieldViolation, NotFound, StateInvalid, ValidationError
-from sidecar.storage.codec import dump_json, load_json
-from sidecar.storage.keys import be32, last_under, records_under
+from sidecar.storage.codec import load_json
+from sidecar.storage.keys import Db, Txn, be32
 from sidecar.text.redaction import redact_json_text
 from sidecar.validation import MAX_COUNT, check_text_bytes, json_schema_validator
 
@@ -63,7 +63,8 @@ class StateSchemas:
                     raise ValueError(f"state schema {path}: cannot be read as JSON: {error}") from None
         twice = sorted(set(schemas) & set(plugin_schemas))
         if twice:
-            raise ValueError(f"state schemas {twice} are described both in [context] state_schemas_dir and by the plugin")
+            raise ValueError(f"state schemas {twice} are described both in [context] state_schemas_dir "
+                             "and by the plugin")
         return cls({**schemas, **plugin_schemas})
 
     def check(self, subset: str, value: Any) -> None:
@@ -93,20 +94,6 @@ def parse_value(text: str, limit: int, redact: Callable[[str], str]) -> Any:
     return redact_json_text(text, redact, "json")[1]
 
 
-def put_data(txn: lmdb.Transaction, db: dict, key: bytes, subset: str, value: Any) -> None:
-    """Set a subset (null removes it)."""
-    subset_key = key + subset.encode("utf-8")
-    if value is None:
-        txn.delete(subset_key, db=db["state_data"])
-    else:
-        txn.put(subset_key, json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8"),
-                db=db["state_data"])
-
-
-def read_data(txn: lmdb.Transaction, db: dict, key: bytes) -> dict[str, Any]:
-    return {subset.decode("utf-8"): json.loads(value) for subset, value in records_under(txn, db["state_data"], key)}
-
-
 @dataclass(frozen=True, slots=True)
 class Usage:
     iteration: int
@@ -122,12 +109,8 @@ class Usage:
     predicted_cached_tokens: int = 0  # the iteration's cache report's stable_prefix_tokens
     reported_cached_tokens: int = 0  # cached_tokens (OpenAI) or cache_read_input_tokens (Anthropic)
 
-    @classmethod
-    def parse(cls, data: bytes) -> Usage:
-        return cls(**load_json(data))
 
-
-def record_usage(txn: lmdb.Transaction, db: dict, key: bytes, run_id: str, iteration: int, input_tokens: int,
+def record_usage(txn: Txn, db: dict[str, Db], key: bytes, run_id: str, iteration: int, input_tokens: int,
                  cached_tokens: int, output_tokens: int, now_ms: int, cache_read_input_tokens: int = 0,
                  cache_creation_input_tokens: int = 0) -> Usage:
     for name, value in (("input_tokens", input_tokens), ("cached_tokens", cached_tokens),
@@ -144,7 +127,8 @@ def record_usage(txn: lmdb.Transaction, db: dict, key: bytes, run_id: str, itera
                                     "cache_creation_input_tokens (OpenAI's figure and Anthropic's, for one call)")
     prompt_tokens = input_tokens + cache_read_input_tokens + cache_creation_input_tokens  # Anthropic's add up
     if prompt_tokens > MAX_COUNT:
-        raise ValidationError.field("input_tokens", f"with the cache's tokens is {prompt_tokens}, more than {MAX_COUNT}")
+        raise ValidationError.field("input_tokens",
+                                    f"with the cache's tokens is {prompt_tokens}, more than {MAX_COUNT}")
     window = txn.get(key + be32(iteration), db=db["windows"])
     if window is None:
         raise NotFound(f"iteration {iteration} of run {run_id!r} was never assembled")
@@ -155,12 +139,11 @@ def record_usage(txn: lmdb.Transaction, db: dict, key: bytes, run_id: str, itera
     usage = Usage(iteration, input_tokens, cached_tokens, output_tokens, fed, prompt_tokens - fed, now_ms,
                   cache_read_input_tokens, cache_creation_input_tokens, predicted,
                   cache_read_input_tokens if anthropic else cached_tokens)
-    txn.put(key + be32(iteration), dump_json({name: getattr(usage, name) for name in usage.__slots__}),
-            db=db["usage"])
+    put_usage(txn, db, key, iteration, {name: getattr(usage, name) for name in usage.__slots__})
     return usage
 
 
-def last_usage(txn: lmdb.Transaction, db: dict, key: bytes) -> Usage | None:
+def last_usage(txn: Txn, db: dict[str, Db], key: bytes) -> Usage | None:
     """The usage of the newest iteration that has one."""
-    found = last_under(txn, db["usage"], key, 4)  # keyed by be32(iteration)
-    return Usage.parse(found[1]) if found else None
+    fields = read_last_usage(txn, db, key)
+    return Usage(**fields) if fields else None

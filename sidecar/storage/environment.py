@@ -19,9 +19,14 @@ import lmdb
 
 from sidecar.errors import StoreFull
 from sidecar.storage.databases import AREAS, DATABASES
+from sidecar.storage.keys import Db, Txn
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+# What LMDB raises when it cannot open or use the store (a bad path, a lock, a corrupt file): the
+# command line reports it without importing lmdb.
+StoreError = lmdb.Error
 
 _GROW_AT = 0.8  # grow once this fraction of the map is in use
 # The share of [storage] max_map_size that only deletes may use. Freeing N pages costs the
@@ -94,7 +99,7 @@ class Store:
             self.env.close()
             raise ValueError(f"the store at {path!r} holds databases no area owns: {', '.join(stray)}")
 
-    def handles(self, *areas: str) -> dict[str, object]:
+    def handles(self, *areas: str) -> dict[str, Db]:
         """The database handles of these areas, by name: all that an area's code may touch."""
         return {name.decode(): self.db[name.decode()] for area in areas for name in AREAS[area]}
 
@@ -102,12 +107,12 @@ class Store:
         self.env.close()
 
     @contextmanager
-    def read(self) -> Iterator[lmdb.Transaction]:
+    def read(self) -> Iterator[Txn]:
         """A short read-only snapshot."""
         with self._gate.shared(), self.env.begin() as txn:
             yield txn
 
-    def write(self, work: Callable[[lmdb.Transaction], T], frees_space: bool = False) -> T:
+    def write(self, work: Callable[[Txn], T], frees_space: bool = False) -> T:
         """Run ``work(txn)`` in one write transaction and commit; it may run twice if the map grows.
 
         ``frees_space``: the write deletes (DeleteRun, DeleteArtifact, DeleteMemory). Only such

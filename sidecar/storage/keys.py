@@ -9,10 +9,17 @@ the areas' schema modules import ``lmdb`` itself.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING, TypeAlias
 
 import lmdb
 
-Txn = lmdb.Transaction  # a read or write transaction, as Store.read / Store.write hand it out
+if TYPE_CHECKING:
+    # The store opens every transaction without buffers=True, so what it reads is bytes, never a
+    # memoryview: the type says so, and no caller has to narrow each value it reads.
+    Txn: TypeAlias = lmdb.Transaction[bytes]
+else:
+    Txn = lmdb.Transaction  # a read or write transaction, as Store.read / Store.write hand it out
+Db: TypeAlias = lmdb._Database  # the handle of one named database (Store.handles)
 
 
 def be32(value: int) -> bytes:
@@ -25,7 +32,7 @@ def scope(tenant: str, *parts: bytes) -> bytes:
     return b"".join([tenant.encode("utf-8"), b"\0", *(part + b"\0" for part in parts)])
 
 
-def records_under(txn: lmdb.Transaction, handle: object, prefix: bytes,
+def records_under(txn: Txn, handle: Db, prefix: bytes,
                   start: bytes = b"") -> Iterator[tuple[bytes, bytes]]:
     """The records whose key starts with ``prefix``, from ``prefix + start`` on, in key order, as
     (the key after the prefix, the value)."""
@@ -38,7 +45,7 @@ def records_under(txn: lmdb.Transaction, handle: object, prefix: bytes,
         yield key[len(prefix):], value
 
 
-def sweep(txn: lmdb.Transaction, handles: dict[str, object], prefix: bytes) -> None:
+def sweep(txn: Txn, handles: dict[str, Db], prefix: bytes) -> None:
     """Delete every record whose key starts with ``prefix`` from these databases (and no others)."""
     for handle in handles.values():
         cursor = txn.cursor(db=handle)
@@ -48,7 +55,7 @@ def sweep(txn: lmdb.Transaction, handles: dict[str, object], prefix: bytes) -> N
                     break
 
 
-def last_under(txn: lmdb.Transaction, handle: object, prefix: bytes, width: int) -> tuple[bytes, bytes] | None:
+def last_under(txn: Txn, handle: Db, prefix: bytes, width: int) -> tuple[bytes, bytes] | None:
     """The record with the greatest key under ``prefix``, when its keys are ``prefix`` and ``width``
     more bytes: it is just before the first key past them."""
     cursor = txn.cursor(db=handle)

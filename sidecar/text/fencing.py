@@ -120,7 +120,8 @@ def fence_sources(mapping: dict[str, str]) -> set[str]:
     """The characters of a confusables mapping that the fence needs: those whose prototype it folds,
     and the letter forms and punctuation that are themselves mapped (their skeleton is needed)."""
     folds = _prototype_folds(mapping)
-    wanted = {form for letter in set(_KEY) for form in _letter_forms(letter)} | set(_DROPPED_SEPARATORS + _KEPT_PUNCTUATION)
+    wanted = ({form for letter in set(_KEY) for form in _letter_forms(letter)}
+              | set(_DROPPED_SEPARATORS + _KEPT_PUNCTUATION))
     return {source for source, prototype in mapping.items() if prototype in folds or source in wanted}
 
 
@@ -207,7 +208,8 @@ def _fold_tables(chars: dict[str, str], dropped: set[int]) -> tuple[dict[int, st
     before_nfkd: dict[int, str] = {}
     for char, fold in chars.items():
         folded = _unmarked(unicodedata.normalize("NFKD", char).casefold())
-        if folded.isascii() or (fold in _DROPPED_SEPARATORS + _KEPT_PUNCTUATION and all(ord(c) in dropped for c in folded)):
+        if folded.isascii() or (fold in _DROPPED_SEPARATORS + _KEPT_PUNCTUATION
+                                and all(ord(c) in dropped for c in folded)):
             continue  # a look-alike of punctuation that is dropped already (such as a dash)
         if len(folded) != 1 or ord(folded) in dropped:
             if not fold.isalpha():
@@ -233,7 +235,8 @@ _RARE_FOLD: dict[int, str | None] = {
     **{cp: None for cp in _DROPPED if cp > 0xFFFF},
     **{cp: fold for cp, fold in _HOMOGLYPHS.items() if cp > 0xFFFF or len(fold) > 1}}
 _RARE_CHARS = frozenset(map(chr, _RARE_FOLD))
-_MAYBE_RARE = re.compile(_character_class(sorted(cp for cp in _RARE_FOLD if cp <= 0xFFFF))[:-1] + "\\U00010000-\\U0010ffff]")
+_MAYBE_RARE = re.compile(_character_class(sorted(cp for cp in _RARE_FOLD if cp <= 0xFFFF))[:-1]
+                         + "\\U00010000-\\U0010ffff]")
 _BMP_HOMOGLYPHS = {cp: fold for cp, fold in _HOMOGLYPHS.items() if cp not in _RARE_FOLD}
 _DROPPED_BMP = _character_class([cp for cp in _DROPPED if cp <= 0xFFFF])
 _DROP_BMP = re.compile(_DROPPED_BMP + "+")

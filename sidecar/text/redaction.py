@@ -23,7 +23,7 @@ from typing import Any
 
 import fastcore
 from sidecar.errors import ValidationError
-from sidecar.validation import json_field
+from sidecar.validation import check_id, json_field
 
 MIN_SECRET_CHARS = 8
 MAX_SECRET_BYTES = 4096
@@ -88,6 +88,7 @@ class Redactor:
 
     def register(self, tenant: str, run_id: str, secrets: Sequence[tuple[str, str]]) -> None:
         """Add or replace secrets (secret_id, value) of a run, or tenant-wide when run_id is ''."""
+        check_id("run_id", run_id, required=False)
         for i, (secret_id, value) in enumerate(secrets):
             if not _SECRET_ID.match(secret_id):
                 raise ValidationError.field(f"secrets[{i}].secret_id", "must be 1-64 of A-Z a-z 0-9 _ . -")
@@ -103,6 +104,7 @@ class Redactor:
 
     def forget(self, tenant: str, run_id: str, secret_ids: Sequence[str]) -> int:
         """Forget the named secrets of the scope (all of them when none is named); how many."""
+        check_id("run_id", run_id, required=False)
         with self._lock:
             scope = self._scopes.get((tenant, run_id), {})
             names = list(secret_ids) or list(scope)

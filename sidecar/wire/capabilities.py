@@ -8,17 +8,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from sidecar.context_window.profiles import SKILL_PREFIX, STATIC_SECTIONS, TASK_SECTIONS, TRANSCRIPT_SECTIONS
+from sidecar.context_window.sections import RENDERINGS
 from sidecar.settings import ContextSettings, MemoryCompactionSettings, MemorySettings
 from sidecar.text import fencing as untrusted
 
 EXECUTION_MODEL_VERSION = 5  # RFC 0061's stateful loop, which contextBudget is gated on
 
 
-# The context-window capability: the declared order of the sections, by stability.
-SECTION_ORDER = {"static": ["system_prompt", "participants", "agents", "skills_index"],
-                 "perTask": ["task", "plan", "skill:<name>"],
-                 "perTurn": ["state_summary", "history", "tool_results"]}
-RENDERINGS = ["openai_responses", "anthropic_messages"]
+# The context-window capability: the declared order of the sections, by stability (wire words).
+SECTION_ORDER = {"static": [*STATIC_SECTIONS],
+                 "perTask": [*TASK_SECTIONS, SKILL_PREFIX + "<name>"],
+                 "perTurn": [*TRANSCRIPT_SECTIONS]}
 
 
 def capability_document(context: ContextSettings, memory: MemorySettings,
@@ -45,7 +46,7 @@ def capability_document(context: ContextSettings, memory: MemorySettings,
                                       "maxInputEntries": compaction.max_input_entries,
                                       "maxOutputBytes": compaction.max_output_bytes}
     context_window: dict[str, Any] = {
-        "supported": True, "sections": SECTION_ORDER, "renderings": RENDERINGS,
+        "supported": True, "sections": SECTION_ORDER, "renderings": list(RENDERINGS),
         "modelWindowTokens": context.model_window_tokens, "compactionFraction": context.compaction_fraction,
         # Who answers each compaction hook: "built-in", or the configured plugin's name.
         "compactionHooks": hooks or {"trigger": "built-in", "keep": "built-in", "summarise": "built-in"},

@@ -1,7 +1,11 @@
-"""The wire's conversions for the context window: protobuf messages to domain values and back
-(profile, task, skills, sections, usage, agent state, compaction records)."""
+"""The wire's conversions: protobuf messages to domain values and back (events, run settings,
+profile, task, skills, sections, usage, compaction records, event notices). The servicer calls
+these and the domain; answers spliced from stored bytes are built in ``sidecar.wire.splice``."""
 
 from __future__ import annotations
+
+import json
+from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
@@ -18,6 +22,60 @@ from sidecar.context_window.sections import CacheReport, Section
 from sidecar.context_window.state import Usage
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.storage.codec import StoredEvent
+from sidecar.tenant_events.log import Event
+from sidecar.transcript.transcripts import AgentStateView, AppendResult, NewEvent, RunSettings
+from sidecar.transcript.window import TranscriptWindow
+
+
+def optional(message: Any, field: str) -> Any:
+    """A field with explicit presence: its value when set, None when not."""
+    return getattr(message, field) if message.HasField(field) else None
+
+
+def new_event_from(event: pb.Event) -> NewEvent:
+    return NewEvent(event.event_id, event.iteration, event.role, event.type, event.content,
+                    event.call_id, optional(event, "host_token_count"), event.tool_name, event.untrusted)
+
+
+def run_settings_to(settings: RunSettings) -> pb.RunSettings:
+    return pb.RunSettings(token_counter=settings.token_counter,
+                          transcript_token_budget=settings.transcript_token_budget,
+                          keep_last_turns=settings.keep_last_turns,
+                          transcript_window=settings.transcript_window,
+                          summarization_supported=settings.summarization,
+                          summarization_strategy=settings.summarization_strategy,
+                          keep_last_tokens=settings.keep_last_tokens)
+
+
+def appended_to(results: list[AppendResult]) -> list[pb.AppendResult]:
+    return [pb.AppendResult(event_id=r.event_id, seq=r.seq, tokens=r.tokens, already_recorded=r.already_recorded)
+            for r in results]
+
+
+def event_notice_to(event: Event) -> pb.EventNotice:
+    return pb.EventNotice(seq=event.seq, type=event.type, json=event.json())
+
+
+def transcript_window_to(window: TranscriptWindow) -> pb.GetTranscriptWindowResponse:
+    return pb.GetTranscriptWindowResponse(
+        run_id=window.run_id, iteration=window.iteration, token_counter=window.token_counter,
+        token_budget=window.token_budget, token_count=window.token_count, event_ids=window.event_ids,
+        entries=[pb.RenderedEntry(event_id=e.event.event_id, rendered=e.text, tokens=e.tokens)
+                 for e in window.entries()],
+        summarized_ranges=[pb.SummarizedRange(summary_ref=r.summary_ref, replaced_turns=r.replaced_turns)
+                           for r in window.summarized_ranges])
+
+
+def agent_state_to(run_id: str, state: AgentStateView) -> pb.AgentState:
+    return pb.AgentState(
+        run_id=run_id, history=[stored_event_to(e) for e in state.history], history_total=state.history_total,
+        running_summary=[pb.SummaryInForce(summary_ref=s.event_id, text=s.content, tokens=s.tokens,
+                                           iteration=s.iteration) for s in state.running_summary],
+        task=task_to(state.task),
+        loaded_skills=[pb.LoadedSkill(name=s.name, body=s.body) for s in state.skills],
+        last_usage=usage_to(state.last_usage) if state.last_usage else None,
+        data_json=json.dumps(state.data, ensure_ascii=False, separators=(",", ":"), sort_keys=True),
+        profile=profile_to(state.profile))
 
 
 def profile_from(message: pb.Profile) -> Profile:

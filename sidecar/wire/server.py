@@ -30,8 +30,9 @@ from sidecar.tenant_events.log import EventLog
 from sidecar.text.counting import Counters
 from sidecar.text.redaction import Redactor
 from sidecar.transcript.transcripts import Transcripts
+from sidecar.wire.auth import TenantOf
 from sidecar.wire.capabilities import capability_document
-from sidecar.wire.servicer import ContextSidecarServicer, TenantOf, add_servicer_to_server
+from sidecar.wire.servicer import ContextSidecarServicer, add_servicer_to_server
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ContextSidecar"].full_name
@@ -47,7 +48,7 @@ class Services:
     memories: Memories
     redactor: Redactor
     events: EventLog
-    compactor: Compactor | None  # None: [memory.compaction] is off
+    compactor: Compactor | None  # the memory compactor; None: [memory.compaction] is off
 
     @classmethod
     def open(cls, settings: Settings) -> Services:
@@ -64,17 +65,18 @@ class Services:
         redactor = Redactor(settings.redaction.detectors)
         memories = Memories(store, counters, settings.memory, redactor)
         events = EventLog(store)
-        compactor = Compactor(memories, events, settings.memory_compaction) if settings.memory_compaction.enabled else None
+        memory_compactor = (Compactor(memories, events, settings.memory_compaction)
+                            if settings.memory_compaction.enabled else None)
         try:
             policy = load_policy(settings.context.plugin)
             schemas = StateSchemas.load(settings.context.state_schemas_dir, policy.state_schemas)
         except (ValueError, ImportError, SidecarError) as error:  # a plugin or schema that cannot serve
             store.close()
             raise ConfigError(str(error)) from None
-        contexts = RunContexts(store, counters, settings.context, redactor, policy, schemas)
-        return cls(store, counters, Transcripts(store, counters, settings.context, redactor, contexts, settings.context_clearing,
-                                                     settings.render), memories,
-                   redactor, events, compactor)
+        run_contexts = RunContexts(store, counters, settings.context, redactor, policy, schemas)
+        transcripts = Transcripts(store, counters, settings.context, redactor, run_contexts,
+                                  settings.context_clearing, settings.render)
+        return cls(store, counters, transcripts, memories, redactor, events, memory_compactor)
 
     def close(self) -> None:
         self.store.close()
@@ -90,7 +92,8 @@ class InFlightCalls:
         self._idle = threading.Condition()
         self._count = 0
 
-    def track(self, behavior: Callable[[Any, grpc.ServicerContext], Any]) -> Callable[[Any, grpc.ServicerContext], Any]:
+    def track(self, behavior: Callable[[Any, grpc.ServicerContext], Any]
+              ) -> Callable[[Any, grpc.ServicerContext], Any]:
         if inspect.isgeneratorfunction(behavior):
             def tracked_stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
                 self._enter()
@@ -125,12 +128,11 @@ class InFlightCalls:
 
 def servicer_for(settings: Settings, services: Services) -> ContextSidecarServicer:
     """The ContextSidecar servicer over ``services``, as every server kind registers it."""
+    run_contexts = services.transcripts.contexts
+    capabilities = capability_document(settings.context, settings.memory, settings.memory_compaction,
+                                       run_contexts.policy.describe(), run_contexts.schemas.subsets)
     return ContextSidecarServicer(services.transcripts, services.memories, services.compactor, services.events,
-                                  services.redactor,
-                                  capability_document(settings.context, settings.memory, settings.memory_compaction,
-                                                      services.transcripts.contexts.policy.describe(),
-                                                      services.transcripts.contexts.schemas.subsets),
-                                  TenantOf(settings.auth.tenants))
+                                  services.redactor, capabilities, TenantOf(settings.auth.tenants))
 
 
 def build_server(settings: Settings, services: Services,
@@ -142,7 +144,8 @@ def build_server(settings: Settings, services: Services,
         options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit),
                  # Two sidecars must not silently share a port.
                  ("grpc.so_reuseport", 0)])
-    add_servicer_to_server(servicer_for(settings, services), server, in_flight.track if in_flight else lambda behavior: behavior)
+    add_servicer_to_server(servicer_for(settings, services), server,
+                           in_flight.track if in_flight else lambda behavior: behavior)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for name in ("", SERVICE_NAME):

@@ -14,7 +14,7 @@ import struct
 import pytest
 
 import fastcore
-from fastcore import _reference
+from fastcore import _fastcore_reference as _reference
 
 PACK = struct.Struct("<III")
 

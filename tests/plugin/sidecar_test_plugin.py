@@ -9,7 +9,7 @@ and describes one agent-state subset, ``counter``.
 
 from __future__ import annotations
 
-from sidecar.context_window.policy import HookCall, KeepInput, SummariseInput, SummariseResult, TriggerInput
+from sidecar.plugin_api import PLAN, SKILLS_INDEX, HookCall, KeepInput, SummariseInput, SummariseResult, TriggerInput
 
 
 class EveryThirdTurn:
@@ -19,7 +19,7 @@ class EveryThirdTurn:
         call.result = call.input.iteration % 3 == 0
 
     def keep(self, call: HookCall[KeepInput, frozenset]) -> None:
-        call.result = (set(call.result) | {"skills_index"}) - {"plan"}
+        call.result = (set(call.result) | {SKILLS_INDEX}) - {PLAN}
 
     def summarise(self, call: HookCall[SummariseInput, SummariseResult]) -> None:
         history = call.input.history()

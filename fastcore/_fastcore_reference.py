@@ -1,4 +1,4 @@
-"""Readable pure-Python twins of every function fastcore exports.
+"""The readable pure-Python twin of ``_fastcore``: every function it exports.
 
 These are the specification: tests run the compiled functions and these side by side on fixed
 and random inputs and require identical answers. Nothing in the sidecar imports this module to
