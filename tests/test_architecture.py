@@ -331,8 +331,6 @@ def test_imports_run_one_way() -> None:
     assert layer_violations(ROOT) == []
 
 
-@pytest.mark.xfail(strict=True, reason="tests/plugin imports sidecar.context_window.policy until sidecar/plugin_api.py "
-                                       "lands")
 def test_plugins_see_only_the_plugin_api() -> None:
     assert plugin_violations(ROOT) == []
 
