@@ -10,8 +10,9 @@ import struct
 
 import pytest
 
-from sidecar.memory import api as memory_module
-from sidecar.memory.api import BM25_B, BM25_K1, ListRequest, Memories
+from sidecar.memory import index as memory_module
+from sidecar.memory.api import ListRequest, Memories
+from sidecar.memory.index import BM25_B, BM25_K1
 from sidecar.settings import MemorySettings
 from sidecar.storage.codec import MemoryRecord
 from sidecar.text.redaction import Redactor
