@@ -97,6 +97,9 @@ def _now_ms() -> int:
 
 
 class Memories:
+    """The memory API over every tenant's memory refs. A put or delete is one transaction that first
+    removes the ref's expired entries, then changes its entries and the index with them."""
+
     def __init__(self, store: Store, counters: Counters, settings: MemorySettings, redactor: Redactor,
                  clock: Callable[[], int] = _now_ms) -> None:
         self._clock = clock  # milliseconds since the epoch

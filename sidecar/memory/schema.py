@@ -191,7 +191,7 @@ class MemoryDatabases:
     # -- mem_docs -------------------------------------------------------------------------------
 
     def doc(self, txn: Txn, key: bytes, ordinal: int) -> Doc:
-        """The doc of an ordinal known to be live (its entry was just read in the same transaction)."""
+        """The doc of an ordinal known to exist (its entry was just read in the same transaction)."""
         return Doc.unpack(ordinal, cast(bytes, txn.get(key + be32(ordinal), db=self._docs)))
 
     def doc_records(self, txn: Txn, key: bytes, ordinals: Sequence[int]) -> dict[int, bytes]:
