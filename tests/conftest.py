@@ -10,7 +10,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from sidecar.memory import api as memory_module
+from sidecar.memory import index as memory_module
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
 from sidecar.settings import (
     AuthSettings,

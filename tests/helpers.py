@@ -21,7 +21,7 @@ from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2_grpc
 from grpc_status import rpc_status
 
-from sidecar.memory.api import BM25_B, BM25_K1
+from sidecar.memory.index import BM25_B, BM25_K1
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
 from sidecar.text.fencing import PREAMBLE

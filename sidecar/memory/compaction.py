@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import logging
 import re
 import sys
@@ -25,13 +24,14 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import lmdb
-
 from sidecar.errors import Aborted, SidecarError, TokenBudgetExceeded, ValidationError
-from sidecar.memory.api import MAX_TAGS, Memories, Source, check_ref, terms
+from sidecar.memory.api import MAX_TAGS, Memories, Source, check_ref
+from sidecar.memory.index import terms
+from sidecar.memory.schema import CompactionRecord, MemoryDatabases
 from sidecar.settings import MemoryCompactionSettings
-from sidecar.storage.keys import scope
+from sidecar.storage.keys import Txn, scope
 from sidecar.tenant_events.log import Event, EventLog, timestamp
+from sidecar.text.counting import TokenCounter
 from sidecar.validation import check_at_least, check_id
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ class Outcome:
     created: bool  # False: this exact compaction was already done (a retry)
 
 
-def distil(counter, sources: Sequence[Source], token_budget: int, max_output_bytes: int) -> str:
+def distil(counter: TokenCounter, sources: Sequence[Source], token_budget: int, max_output_bytes: int) -> str:
     """The built-in distiller: deterministic and extractive, no model. Each source offers its
     first sentence; sentences are chosen by how much of the sources' common vocabulary they
     carry (Luhn's idea) until the budget is spent, and kept in the sources' order. The same
@@ -93,6 +93,7 @@ def distil(counter, sources: Sequence[Source], token_budget: int, max_output_byt
 class Compactor:
     def __init__(self, memories: Memories, events: EventLog, settings: MemoryCompactionSettings) -> None:
         self._memories = memories
+        self._db = MemoryDatabases(memories.store)
         self._events = events
         self._settings = settings
         self._counter = memories.counter
@@ -150,22 +151,17 @@ class Compactor:
         if len(sources) <= MAX_LISTED_SOURCES:
             payload["sourceIds"] = [source.entry_id for source in sources]
 
-        def write(txn: lmdb.Transaction) -> Outcome:
+        def write(txn: Txn) -> Outcome:
             recorded = self._recorded(txn, key, ids)
             if recorded is not None:  # the same compaction finished while we distilled
                 return recorded
             for source in sources:
                 if self._memories.ordinal_of(txn, key, source.entry_id) != source.ordinal:
                     raise Aborted(f"entry {source.entry_id!r} changed while it was being compacted; try again")
-            meta = self._memories.load_meta(txn, key)
-            self._memories.remove_many(txn, key, meta, ids, {s.entry_id: s.terms for s in sources})
-            self._memories.remove_many(txn, key, meta, [output.entry_id])  # replaced, as a put would
-            self._memories.insert(txn, key, meta, output)
-            self._memories.save_meta(txn, key, meta)
+            self._memories.replace(txn, key, sources, output)
             event = self._events.append(txn, tenant, payload)
-            txn.put(self._record_key(key, ids), json.dumps(
-                {"compaction_id": compaction_id, "output_id": output.entry_id, "source_count": len(sources),
-                 "seq": event.seq, "event": payload}).encode("utf-8"), db=store.handles("memory")["mem_compactions"])
+            self._db.put_compaction(txn, key, ids, CompactionRecord(compaction_id, output.entry_id, len(sources),
+                                                                    event.seq, payload))
             return Outcome(compaction_id, output.entry_id, len(sources), event, True)
 
         outcome = store.write(write)
@@ -182,19 +178,15 @@ class Compactor:
         return source if content == source.content else dataclasses.replace(
             source, content=content, terms=Counter(terms(content)))
 
-    @staticmethod
-    def _record_key(key: bytes, ids: Sequence[str]) -> bytes:
-        return key + hashlib.sha256("\0".join(sorted(ids)).encode("utf-8")).digest()[:16]
-
-    def _recorded(self, txn: lmdb.Transaction, key: bytes, ids: Sequence[str]) -> Outcome | None:
+    def _recorded(self, txn: Txn, key: bytes, ids: Sequence[str]) -> Outcome | None:
+        """The compaction of exactly these sources, if one was done."""
         if not ids:
             return None
-        data = txn.get(self._record_key(key, ids), db=self._memories.store.handles("memory")["mem_compactions"])
-        if data is None:
+        record = self._db.compaction(txn, key, ids)
+        if record is None:
             return None
-        value = json.loads(data)
-        return Outcome(value["compaction_id"], value["output_id"], value["source_count"],
-                       Event(value["seq"], EVENT_TYPE, value["event"]), False)
+        return Outcome(record.compaction_id, record.output_id, record.source_count,
+                       Event(record.seq, EVENT_TYPE, record.event), False)
 
     def run_round(self) -> list[Outcome]:
         """One round of the background job: every ref over ``min_entries``, oldest entries first."""

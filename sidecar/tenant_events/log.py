@@ -16,11 +16,10 @@ from datetime import UTC, datetime
 from itertools import islice
 from typing import Any
 
-import lmdb
-
 from sidecar.errors import WatchFellBehind
 from sidecar.storage.environment import Store
-from sidecar.storage.keys import last_under, records_under, scope
+from sidecar.storage.keys import Txn
+from sidecar.tenant_events.schema import EventDatabase
 from sidecar.validation import page_within_bytes
 
 MAX_WATCH_BACKLOG = 10_000  # a watcher that falls this far behind is dropped, not the sidecar
@@ -76,17 +75,14 @@ class Watch:
 class EventLog:
     def __init__(self, store: Store) -> None:
         self._store = store
-        self._db = store.handles("tenant_events")["tenant_events"]
+        self._db = EventDatabase(store)
         self._lock = threading.Lock()
         self._watches: list[Watch] = []
 
-    def append(self, txn: lmdb.Transaction, tenant: str, payload: dict[str, Any]) -> Event:
+    def append(self, txn: Txn, tenant: str, payload: dict[str, Any]) -> Event:
         """Keep the event in the caller's write transaction; :meth:`publish` it after the commit."""
-        prefix = scope(tenant)
-        last = last_under(txn, self._db, prefix, 8)  # keyed by the seq, 8 bytes
-        seq = int.from_bytes(last[0], "big") + 1 if last else 1
-        event = Event(seq, payload["type"], payload)
-        txn.put(prefix + seq.to_bytes(8, "big"), event.json().encode("utf-8"), db=self._db)
+        event = Event(self._db.last_seq(txn, tenant) + 1, payload["type"], payload)
+        self._db.put(txn, tenant, event.seq, event.json())
         return event
 
     def list(self, tenant: str, since: int = 0, memory_ref: str = "",
@@ -94,13 +90,10 @@ class EventLog:
         """The tenant's kept events after seq ``since``, oldest first, of one memory ref if named:
         at most ``limit``, and no more than fit in a page's bytes; and whether more follow (the
         next page starts after the last seq of this one)."""
-        prefix = scope(tenant)
-
-        def matching(txn: lmdb.Transaction) -> Iterator[tuple[int, bytes, dict[str, Any]]]:
-            for seq, value in records_under(txn, self._db, prefix, (since + 1).to_bytes(8, "big")):
-                payload = json.loads(value)
+        def matching(txn: Txn) -> Iterator[tuple[int, bytes, dict[str, Any]]]:
+            for seq, record, payload in self._db.events_after(txn, tenant, since):
                 if not memory_ref or payload.get("memoryRef") == memory_ref:
-                    yield int.from_bytes(seq, "big"), value, payload
+                    yield seq, record, payload
 
         with self._store.read() as txn:
             page, more = page_within_bytes(islice(matching(txn), limit + 1), lambda found: len(found[1]))

@@ -180,7 +180,8 @@ def test_distilled_text_is_redacted_even_when_its_sources_were_not(tmp_path, cou
 def test_distillation_is_deterministic(counters) -> None:
     from collections import Counter
 
-    from sidecar.memory.api import Source, terms
+    from sidecar.memory.api import Source
+    from sidecar.memory.index import terms
     sources = [Source(f"n{i}", i, note(i), (), Counter(terms(note(i)))) for i in range(40)]
     counter = counters.get("o200k_base")
     first, second = distil(counter, sources, 300, 16384), distil(counter, list(sources), 300, 16384)
