@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.settings import ConfigError, load_settings
+from sidecar.settings import ConfigError, env_name, load_settings, option_fields
+from tests.helpers import ROOT
 
 
 def write(tmp_path: Path, text: str) -> str:
@@ -158,3 +159,12 @@ def test_request_caps_come_from_file_environment_and_flags(tmp_path: Path) -> No
 def test_request_caps_that_cannot_hold_are_refused_at_start(values: dict[str, str], expected: str) -> None:
     with pytest.raises(ConfigError, match=expected):
         load_settings(env=values)
+
+
+def test_every_setting_is_in_the_settings_page() -> None:
+    """docs/settings.md is written by hand: each setting's row, with its environment variable, must
+    be there (a setting added to settings.py without its row fails here)."""
+    page = (ROOT / "docs" / "settings.md").read_text(encoding="utf-8")
+    missing = [f"[{section}] {option.name}" for section, option in option_fields()
+               if f"`{env_name(section, option.name)}`" not in page]
+    assert missing == []
