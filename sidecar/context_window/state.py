@@ -23,6 +23,7 @@ from sidecar.errors import FieldViolation, NotFound, StateInvalid, ValidationErr
 from sidecar.storage.codec import dump_json, load_json
 from sidecar.storage.keys import be32, last_under, records_under
 from sidecar.text.redaction import redact_json_text
+from sidecar.transcript.schema import window_at
 from sidecar.validation import MAX_COUNT, check_text_bytes, json_schema_validator
 
 SUBSET = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -145,12 +146,10 @@ def record_usage(txn: lmdb.Transaction, db: dict, key: bytes, run_id: str, itera
     prompt_tokens = input_tokens + cache_read_input_tokens + cache_creation_input_tokens  # Anthropic's add up
     if prompt_tokens > MAX_COUNT:
         raise ValidationError.field("input_tokens", f"with the cache's tokens is {prompt_tokens}, more than {MAX_COUNT}")
-    window = txn.get(key + be32(iteration), db=db["windows"])
+    window = window_at(txn, db, key, iteration)
     if window is None:
         raise NotFound(f"iteration {iteration} of run {run_id!r} was never assembled")
-    record = load_json(window)
-    fed = record.get("window_tokens", record["tokens"])
-    cache = (record.get("context") or {}).get("cache")
+    fed, cache = window.fed_tokens, window.cache
     predicted = cache["report"][0] if cache else 0
     usage = Usage(iteration, input_tokens, cached_tokens, output_tokens, fed, prompt_tokens - fed, now_ms,
                   cache_read_input_tokens, cache_creation_input_tokens, predicted,
