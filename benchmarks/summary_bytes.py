@@ -29,7 +29,8 @@ from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
 from sidecar.storage.databases import DATABASES
 from sidecar.storage.keys import be32
-from sidecar.transcript.runs import SIDECAR_ID_PREFIX, run_key
+from sidecar.transcript.runs import SIDECAR_ID_PREFIX
+from sidecar.transcript.schema import run_key
 from sidecar.transcript.summaries import SUMMARIZED_TYPE, Summary
 
 RUN = "long"

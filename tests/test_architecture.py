@@ -13,6 +13,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -158,14 +159,21 @@ def lmdb_violations(root: Path) -> list[str]:
 
 # c. Database ownership: one area each (sidecar/storage/databases.py AREAS), named only there.
 
-def declared_areas(root: Path) -> dict[str, tuple[bytes, ...]]:
-    """AREAS as sidecar/storage/databases.py writes it (read, not imported: root may be any tree)."""
+def declared(root: Path, constant: str, default: object = None) -> Any:
+    """A constant as sidecar/storage/databases.py writes it (read, not imported: root may be any
+    tree)."""
     for node in ast.parse((root / "sidecar" / "storage" / "databases.py").read_text(encoding="utf-8")).body:
         if isinstance(node, ast.AnnAssign | ast.Assign):
             targets = [node.target] if isinstance(node, ast.AnnAssign) else node.targets
-            if any(isinstance(target, ast.Name) and target.id == "AREAS" for target in targets):
+            if any(isinstance(target, ast.Name) and target.id == constant for target in targets):
                 return ast.literal_eval(node.value)
-    raise AssertionError("sidecar/storage/databases.py declares no AREAS")
+    if default is None:
+        raise AssertionError(f"sidecar/storage/databases.py declares no {constant}")
+    return default
+
+
+def declared_areas(root: Path) -> dict[str, tuple[bytes, ...]]:
+    return declared(root, "AREAS")
 
 
 def database_names(tree: ast.AST) -> Iterator[tuple[int, str, str]]:
@@ -210,7 +218,8 @@ def database_violations(root: Path) -> list[str]:
         for line, kind, name in database_names(tree):
             where = f"{relative}:{line}"
             if kind == "area":
-                if layer == "area" and name != own:
+                tied = {frozenset(pair) for pair in declared(root, "TIED_AREAS", ())}
+                if layer == "area" and name != own and frozenset((name, own)) not in tied:
                     violations.append(f"{where}: asks for the handles of area {name}; its own area is {own}")
                 continue
             found = owners.get(name.encode())
@@ -335,14 +344,10 @@ def test_plugins_see_only_the_plugin_api() -> None:
     assert plugin_violations(ROOT) == []
 
 
-@pytest.mark.xfail(strict=True, reason="lands with the schema modules")
 def test_only_storage_and_the_schema_modules_import_lmdb() -> None:
     assert lmdb_violations(ROOT) == []
 
 
-@pytest.mark.xfail(strict=True, reason="lands with the schema modules: transcript/ reads run_context's "
-                                       "databases (forks, summaries, handles) and context_window/ reads runs' "
-                                       "(state.py: windows; run_context.py: handles)")
 def test_each_database_is_named_only_in_its_own_area() -> None:
     assert database_violations(ROOT) == []
 
@@ -485,9 +490,8 @@ BREAKS = [
      "sidecar/transcript/forks.py:2: names database usage of area run_context; its own area is runs"),
     ("databases", {"sidecar/memory/api.py": "def f(store):\n    return store.handles('memory')['events']\n"},
      "sidecar/memory/api.py:2: names database events of area runs; its own area is memory"),
-    ("databases", {"sidecar/context_window/run_context.py":
-                   "def f(store):\n    return store.handles('runs', 'run_context')\n"},
-     "sidecar/context_window/run_context.py:2: asks for the handles of area runs; its own area is run_context"),
+    ("databases", {"sidecar/memory/api.py": "def f(store):\n    return store.handles('memory', 'runs')\n"},
+     "sidecar/memory/api.py:2: asks for the handles of area runs; its own area is memory"),
     ("databases", {"sidecar/memory/api.py": "def f(self):\n    return self._db['mem_gone']\n"},
      "sidecar/memory/api.py:2: names database mem_gone, which no area declares"),
     ("databases", {"sidecar/wire/servicer.py": "def f(store):\n    return store.db['events']\n"},

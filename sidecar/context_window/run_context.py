@@ -44,7 +44,8 @@ from sidecar.storage.environment import Store
 from sidecar.storage.keys import Txn
 from sidecar.text.counting import Counters
 from sidecar.text.redaction import Redactor, refuse_secrets
-from sidecar.transcript.runs import Run, require_run, run_key, save_run
+from sidecar.transcript.runs import Run, require_run, save_run
+from sidecar.transcript.schema import run_key
 
 HOST_DEFINED = "host-defined"
 

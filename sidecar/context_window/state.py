@@ -20,9 +20,9 @@ import jsonschema
 
 from sidecar.context_window.schema import put_usage, read_last_usage
 from sidecar.errors import FieldViolation, NotFound, StateInvalid, ValidationError
-from sidecar.storage.codec import load_json
-from sidecar.storage.keys import Db, Txn, be32
+from sidecar.storage.keys import Db, Txn
 from sidecar.text.redaction import redact_json_text
+from sidecar.transcript.schema import window_at
 from sidecar.validation import MAX_COUNT, check_text_bytes, json_schema_validator
 
 SUBSET = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -129,12 +129,10 @@ def record_usage(txn: Txn, db: dict[str, Db], key: bytes, run_id: str, iteration
     if prompt_tokens > MAX_COUNT:
         raise ValidationError.field("input_tokens",
                                     f"with the cache's tokens is {prompt_tokens}, more than {MAX_COUNT}")
-    window = txn.get(key + be32(iteration), db=db["windows"])
+    window = window_at(txn, db, key, iteration)
     if window is None:
         raise NotFound(f"iteration {iteration} of run {run_id!r} was never assembled")
-    record = load_json(window)
-    fed = record.get("window_tokens", record["tokens"])
-    cache = (record.get("context") or {}).get("cache")
+    fed, cache = window.fed_tokens, window.cache
     predicted = cache["report"][0] if cache else 0
     usage = Usage(iteration, input_tokens, cached_tokens, output_tokens, fed, prompt_tokens - fed, now_ms,
                   cache_read_input_tokens, cache_creation_input_tokens, predicted,

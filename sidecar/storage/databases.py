@@ -26,3 +26,10 @@ AREAS: dict[str, tuple[bytes, ...]] = {
     "tenant_events": (b"tenant_events",),
 }
 DATABASES = tuple(name for names in AREAS.values() for name in names)
+
+# Areas whose records live under another area's keys and share its lifecycle, as (tied, owner):
+# the owner's code holds the tied area's handles to sweep and copy them with a run (DeleteRun,
+# ForkRun), and the tied area's code holds the owner's to read and save the run record through the
+# owner's functions. Handles pass between them opaque: each database is still named only in its
+# own area's modules.
+TIED_AREAS: tuple[tuple[str, str], ...] = (("run_context", "runs"),)

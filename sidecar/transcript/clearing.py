@@ -31,97 +31,34 @@ and a count.
 
 from __future__ import annotations
 
-import functools
 import json
 import struct
-from dataclasses import dataclass, replace
-
-import lmdb
 
 import fastcore
 from sidecar.settings import ClearingSettings
-from sidecar.storage.codec import StoredEvent, decode_event, dump_json, load_json
-from sidecar.storage.keys import be32, records_under
+from sidecar.storage.codec import StoredEvent
+from sidecar.storage.keys import Txn
 from sidecar.text.fencing import split_block
-from sidecar.transcript.log import CHUNK_EVENTS, LogWriter, prefix_end, read_counts
+from sidecar.transcript.log import LogWriter, prefix_end
 from sidecar.transcript.runs import SIDECAR_ID_PREFIX, Deps
-from sidecar.transcript.summaries import in_force, put_compaction_record
+from sidecar.transcript.schema import (
+    CHUNK_EVENTS,
+    FedForm,
+    copy_form,
+    count_chunk,
+    current_forms,
+    forms_below,
+    made_in,
+    put_counts,
+    put_form,
+    read_counts,
+    read_event,
+    window_at,
+)
+from sidecar.transcript.summaries import append_compaction, in_force
 
 CLEARED_TYPE = "context.cleared"
 _COUNT = struct.Struct("<III")
-
-
-@dataclass(frozen=True, slots=True)
-class FedForm:
-    """What event ``seq`` is fed as, from the assembly that made it on."""
-
-    seq: int
-    made_at: int  # the run's next seq then (a clearing's: its log entry's seq); orders an event's forms
-    kind: str  # "cleared" or "clipped"
-    text: str
-    tokens: int
-    original_tokens: int  # the event content's own count
-
-    def as_event(self, event: StoredEvent) -> StoredEvent:
-        return replace(event, content=self.text, tokens=self.tokens)
-
-
-def _form_key(key: bytes, seq: int, made_at: int) -> bytes:
-    return key + be32(seq) + be32(made_at)
-
-
-_MEMOISED_FORM_BYTES = 4096  # a placeholder's form is ~250 bytes; a clip's can be half the budget
-
-
-def _parse(key: bytes, stored_key: bytes, value: bytes) -> FedForm:
-    suffix = stored_key[len(key):]
-    return _small_form(suffix, value) if len(value) <= _MEMOISED_FORM_BYTES else _form_of(suffix, value)
-
-
-def _form_of(suffix: bytes, value: bytes) -> FedForm:
-    fields = load_json(value)
-    return FedForm(int.from_bytes(suffix[:4], "big"), int.from_bytes(suffix[4:8], "big"), fields["kind"],
-                   fields["text"], fields["tokens"], fields["original_tokens"])
-
-
-# Every turn reads the forms of its whole window (a cleared run's window is mostly placeholders),
-# and a stored form is a pure function of its bytes: the parse of the small ones is memoised by
-# them, never stale whatever is deleted, forked or written again under the same key.
-_small_form = functools.lru_cache(maxsize=16384)(_form_of)
-
-_last_window_record: tuple[bytes, dict] | None = None
-
-
-def window_record(stored: bytes) -> dict:
-    """A persisted window record, parsed, to be read and never changed: an assembly reads the
-    previous window's record at four stages (kept clips, clearing, the window's start, the cache
-    report), so the last one parsed is kept with its bytes and given again for equal bytes."""
-    global _last_window_record
-    last = _last_window_record
-    if last is not None and last[0] == stored:
-        return last[1]
-    record = load_json(stored)
-    _last_window_record = (stored, record)  # one slot, replaced whole: safe across threads
-    return record
-
-
-def current_forms(txn: lmdb.Transaction, db: dict, key: bytes, start: int, end: int) -> dict[int, FedForm]:
-    """The newest form of each event of ``[start, end)`` that has one, by seq."""
-    forms: dict[int, FedForm] = {}
-    for suffix, value in records_under(txn, db["fed_forms"], key, be32(start)):
-        if int.from_bytes(suffix[:4], "big") >= end:
-            break
-        form = _parse(key, key + suffix, value)
-        forms[form.seq] = form  # keys ascend by (seq, made_at): the last one of a seq is its newest
-    return forms
-
-
-def forms_listed(txn: lmdb.Transaction, db: dict, key: bytes, listed: list[list[int]]) -> list[FedForm]:
-    """The forms a window record lists as [seq, made_at] pairs, in one C-level pass."""
-    if not listed:
-        return []
-    found = txn.cursor(db=db["fed_forms"]).getmulti([_form_key(key, seq, made_at) for seq, made_at in listed])
-    return [_parse(key, stored_key, value) for stored_key, value in found]
 
 
 # A tool's own output is always fed fenced (sidecar.text.fencing), so no fed result but a
@@ -165,14 +102,14 @@ def _keep_clips(deps: Deps, writer: LogWriter, iteration: int, budget: int) -> b
     txn, db, key, run = writer.txn, writer.db, writer.key, writer.run
     if iteration <= run.last_assembled or not run.last_assembled:
         return False
-    stored = txn.get(key + be32(run.last_assembled), db=db["windows"])
-    clipped = window_record(stored)["clipped"] if stored is not None else []
+    last = window_at(txn, db, key, run.last_assembled, shared=True)
+    clipped = last.clipped if last is not None else ()
     if not clipped:
         return False
     # No log entry: the clips are in the window record, which a fork carries or makes again.
     counter = deps.counters.get(run.settings.token_counter)
     for seq, text, tokens in clipped:
-        original = decode_event(txn.get(key + be32(seq), db=db["events"]))
+        original = read_event(txn, db, key, seq)
         if tokens > budget // 2:
             opening, inside, closing = split_block(original.content) or ("", original.content, "")
             shorter = counter.clip(inside, budget // 2, opening, closing)
@@ -187,11 +124,11 @@ def _clear(deps: Deps, settings: ClearingSettings, writer: LogWriter, iteration:
     end = prefix_end(txn, db, key, run, iteration)
     top = in_force(txn, db, key, run, iteration) if run.summaries else None
     start = top.to_seq if top else 0
-    last = txn.get(key + be32(run.last_assembled), db=db["windows"]) if run.last_assembled else None
+    last = window_at(txn, db, key, run.last_assembled, shared=True) if run.last_assembled else None
     if last is not None:
         # What would be fed if the window's start stayed where it was last fed: only results
         # there cost anything, so only they are worth clearing.
-        start = max(start, window_record(last)["start"])
+        start = max(start, last.start)
     counts = read_counts(txn, db, key, start, end)
     records = list(_COUNT.iter_unpack(counts))
     fed = sum(tokens for tokens, _, group_first in records if group_first != fastcore.NOT_A_UNIT)
@@ -212,7 +149,7 @@ def _clear(deps: Deps, settings: ClearingSettings, writer: LogWriter, iteration:
         if seq in cleared:
             results.append(None)
             continue
-        record = decode_event(txn.get(key + be32(seq), db=db["events"]))
+        record = read_event(txn, db, key, seq)
         if record.role == "tool":
             results.append(record)
     clearable = results[:max(len(results) - settings.keep_recent, 0)]
@@ -225,7 +162,7 @@ def _clear(deps: Deps, settings: ClearingSettings, writer: LogWriter, iteration:
     for event in clearable:
         if event is None or event.iteration >= iteration:
             continue
-        call = decode_event(txn.get(key + be32(records[event.seq - start][2]), db=db["events"]))
+        call = read_event(txn, db, key, records[event.seq - start][2])
         if call.tool_name in settings.exclude_tools:
             continue
         text = placeholder(call.tool_name, event.call_id, event.tokens)
@@ -249,9 +186,8 @@ def _clear(deps: Deps, settings: ClearingSettings, writer: LogWriter, iteration:
 def _put_form(writer: LogWriter, event: StoredEvent, kind: str, text: str, tokens: int, iteration: int) -> None:
     """``event`` is fed as ``text`` (``tokens``) from the assembly of ``iteration`` on, which
     happens with the log ending at the run's next seq (the form's version)."""
-    writer.txn.put(_form_key(writer.key, event.seq, writer.run.next_seq), dump_json({
-        "kind": kind, "text": text, "tokens": tokens, "original_tokens": event.tokens, "iteration": iteration}),
-        db=writer.db["fed_forms"])
+    form = FedForm(event.seq, writer.run.next_seq, kind, text, tokens, event.tokens)
+    put_form(writer.txn, writer.db, writer.key, form, iteration)
     writer.recount(event.seq, tokens)
 
 
@@ -272,34 +208,28 @@ def _record(writer: LogWriter, entry_type: str, kind: str, iteration: int,
                           "tokensBefore": before, "tokensAfter": after}, separators=(",", ":"))
     entry = StoredEvent(made_at, f"{SIDECAR_ID_PREFIX}{entry_type}:{run.log_entries}", iteration, "system",
                         entry_type, payload, "", 0)
-    put_compaction_record(writer, entry, {"kind": kind, "removed": ids, "summary_ref": "", "tokens_before": before,
-                                          "tokens_after": after, "by": "built-in"})
+    append_compaction(writer, entry, kind, tuple(ids), "", before, after, "built-in")
 
 
-def fork_forms(txn: lmdb.Transaction, db: dict, source_key: bytes, fork_key: bytes, from_seq: int,
-               last_assembled: int) -> None:
+def fork_forms(txn: Txn, db: dict, source_key: bytes, fork_key: bytes, from_seq: int, last_assembled: int) -> None:
     """Give a fork the forms it carries: a clearing's when its log entry is below ``from_seq``, a
     kept clip's when the assembly that kept it is among the fork's (up to ``last_assembled``;
     the fork keeps the others itself at its next assembly). The counts of events whose forms the
     fork does not carry go back to what they weighed without them."""
     later: dict[int, int] = {}  # seq -> what it weighs in the fork
     kept: dict[int, int] = {}
-    for suffix, value in records_under(txn, db["fed_forms"], source_key):
-        seq, made_at = int.from_bytes(suffix[:4], "big"), int.from_bytes(suffix[4:8], "big")
-        if seq >= from_seq:
-            break
-        form = _parse(source_key, source_key + suffix, value)
-        if (made_at < from_seq) if form.kind == "cleared" else (load_json(value)["iteration"] <= last_assembled):
-            txn.put(fork_key + suffix, value, db=db["fed_forms"])
-            kept[seq] = form.tokens
+    for form, value in forms_below(txn, db, source_key, from_seq):
+        if (form.made_at < from_seq) if form.kind == "cleared" else (made_in(value) <= last_assembled):
+            copy_form(txn, db, fork_key, form, value)
+            kept[form.seq] = form.tokens
         else:
-            later.setdefault(seq, form.original_tokens)
+            later.setdefault(form.seq, form.original_tokens)
     chunks: dict[int, bytearray] = {}
     for seq, original in later.items():
         chunk = seq // CHUNK_EVENTS
         if chunk not in chunks:
-            chunks[chunk] = bytearray(txn.get(fork_key + be32(chunk), db=db["counts"]))
+            chunks[chunk] = bytearray(count_chunk(txn, db, fork_key, chunk))
         at = (seq - chunk * CHUNK_EVENTS) * fastcore.RECORD_SIZE
         chunks[chunk][at:at + 4] = kept.get(seq, original).to_bytes(4, "little")
     for chunk, records in chunks.items():
-        txn.put(fork_key + be32(chunk), bytes(records), db=db["counts"])
+        put_counts(txn, db, fork_key, chunk, bytes(records))

@@ -18,33 +18,35 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
-from typing import Any
 
-import lmdb
-
-import fastcore
+from sidecar.context_window import schema as run_context_schema
 from sidecar.errors import Conflict, NotFound, SummaryUnavailable, ValidationError
-from sidecar.storage.codec import ID_SEPARATOR, StoredEvent, decode_event
-from sidecar.storage.keys import be32, records_under, sweep
+from sidecar.storage.codec import StoredEvent, decode_event
+from sidecar.storage.keys import Txn, sweep
 from sidecar.transcript import clearing
-from sidecar.transcript.log import (
-    CHUNK_EVENTS,
-    LogWriter,
-    NewEvent,
-    host_event_ids,
-    log_entries_before,
-    read_ids,
+from sidecar.transcript.log import LogWriter, NewEvent, host_event_ids, log_entries_before
+from sidecar.transcript.runs import Deps, ForkOrigin, Run, load_run, require_run, save_run
+from sidecar.transcript.schema import (
+    copy_compaction_records,
+    copy_log,
+    copy_under,
+    delete_replay,
+    drop_artifact,
+    drop_replay,
+    first_replay,
+    put_artifact,
+    put_replay,
+    put_summary_record,
+    read_event,
     read_records,
 )
-from sidecar.transcript.runs import Deps, ForkOrigin, Run, load_run, require_run, save_run
 from sidecar.transcript.summaries import Summary, in_force, load_summary, newest_in_force, read_artifact, write_summary
 from sidecar.validation import check_at_least
 
 MODES = ("replay", "branch")
 
 
-def fork_run(deps: Deps, txn: lmdb.Transaction, source_key: bytes, source_run_id: str, fork_key: bytes,
+def fork_run(deps: Deps, txn: Txn, source_key: bytes, source_run_id: str, fork_key: bytes,
              fork_run_id: str, from_seq: int, mode: str) -> tuple[Run, bool]:
     """Create the fork in the caller's transaction; (its run, created). Forking again with the
     same source, from_seq and mode returns the existing fork."""
@@ -75,93 +77,55 @@ def fork_run(deps: Deps, txn: lmdb.Transaction, source_key: bytes, source_run_id
                 f"{mode} from seq {from_seq} cannot reproduce the source's windows",
                 metadata={"from_seq": str(from_seq), "summary_ref": summary.ref}) from None
 
-    _copy_log(txn, db, source_key, fork_key, from_seq)
+    copy_log(txn, db, source_key, fork_key, from_seq)
     for summary in carried:
-        txn.put(fork_key + be32(summary.index), summary.record(), db=db["summaries"])
-        txn.put(fork_key + summary.ref.encode("utf-8"), artifacts[summary.ref], db=db["artifacts"])
+        put_summary_record(txn, db, fork_key, summary.index, summary.record())
+        put_artifact(txn, db, fork_key, summary.ref, artifacts[summary.ref])
     # A compaction record per log entry carried (summaries, clearings), and the forms those fed.
-    _copy_keyed(txn, db["compaction_records"], source_key, fork_key, lambda _, value: json.loads(value)["seq"] < from_seq)
-    # What the run feeds besides its log: the fork starts from the source's, as it stands.
-    for name in ("profiles", "tasks"):
-        value = txn.get(source_key, db=db[name])
-        if value is not None:
-            txn.put(fork_key, value, db=db[name])
-    _copy_keyed(txn, db["state_data"], source_key, fork_key, lambda *_: True)
+    copy_compaction_records(txn, db, source_key, fork_key, from_seq)
     for summary in pending:
         artifact = decode_event(artifacts[summary.ref])
-        txn.put(fork_key + be32(summary.seq), json.dumps({
+        put_replay(txn, db, fork_key, summary.seq, json.dumps({
             "summary": summary.as_dict(), "text": artifact.content, "role": artifact.role,
-            "counter": source.settings.token_counter}).encode("utf-8"), db=db["replay"])
+            "counter": source.settings.token_counter}).encode("utf-8"))
     if pending:
         # The source's host events up to its last summary, each keyed by its seq like the summaries
         # between them: a summary is reused only after the fork's host appended exactly these.
         summary_seqs = {summary.seq for summary in pending}
         for seq, raw in enumerate(read_records(txn, db, source_key, from_seq, pending[-1].seq), start=from_seq):
             if seq not in summary_seqs:
-                txn.put(fork_key + be32(seq), json.dumps({"event": _fingerprint(decode_event(raw))}).encode("utf-8"),
-                        db=db["replay"])
+                fingerprint = _fingerprint(decode_event(raw))
+                put_replay(txn, db, fork_key, seq, json.dumps({"event": fingerprint}).encode("utf-8"))
 
-    limit = decode_event(txn.get(source_key + be32(from_seq), db=db["events"])).iteration \
-        if from_seq < source.next_seq else None
+    limit = read_event(txn, db, source_key, from_seq).iteration if from_seq < source.next_seq else None
+
     def carried_iteration(suffix: bytes, _: bytes) -> bool:
         return limit is None or int.from_bytes(suffix, "big") < limit
 
-    copied = _copy_keyed(txn, db["windows"], source_key, fork_key, carried_iteration)
-    _copy_keyed(txn, db["usage"], source_key, fork_key, carried_iteration)
+    copied = copy_under(txn, db["windows"], source_key, fork_key, carried_iteration)
+    # What the run feeds besides its log (its run context area's records): the fork starts from
+    # the source's profile, task and data as they stand, and the usage of the iterations it carries.
+    run_context_schema.copy_to_fork(txn, db, source_key, fork_key, carried_iteration)
     last_assembled = max((int.from_bytes(suffix, "big") for suffix in copied), default=0)
     clearing.fork_forms(txn, db, source_key, fork_key, from_seq, last_assembled)
-    last_iteration = decode_event(txn.get(source_key + be32(from_seq - 1), db=db["events"])).iteration \
-        if from_seq else 0
+    last_iteration = read_event(txn, db, source_key, from_seq - 1).iteration if from_seq else 0
     fork = Run(source.settings, from_seq, last_iteration, last_assembled, len(carried), len(pending), origin,
-               log_entries=log_entries_before(txn, db, source_key, source, from_seq), profile_digest=source.profile_digest, task_digest=source.task_digest,
-               fed_prefix=source.fed_prefix)
+               log_entries=log_entries_before(txn, db, source_key, source, from_seq),
+               profile_digest=source.profile_digest, task_digest=source.task_digest, fed_prefix=source.fed_prefix)
     save_run(txn, db, fork_key, fork)
     return fork, True
 
 
-def _copy_keyed(txn: lmdb.Transaction, handle: Any, source_key: bytes, fork_key: bytes,
-                wanted: Callable[[bytes, bytes], bool]) -> list[bytes]:
-    """Copy the source's records of one database that ``wanted(key suffix, value)`` accepts; their
-    key suffixes."""
-    copied = [(suffix, value) for suffix, value in records_under(txn, handle, source_key) if wanted(suffix, value)]
-    for suffix, value in copied:
-        txn.put(fork_key + suffix, value, db=handle)
-    return [suffix for suffix, _ in copied]
-
-
-def _copy_log(txn: lmdb.Transaction, db: dict, source_key: bytes, fork_key: bytes, from_seq: int) -> None:
-    """The entries below ``from_seq`` and every index over them, under the fork's key."""
-    if not from_seq:
-        return
-    cursor = txn.cursor(db=db["events"])
-    cursor.set_key(source_key + be32(0))
-    for seq, value in zip(range(from_seq), cursor.iternext(keys=False)):
-        txn.put(fork_key + be32(seq), value, db=db["events"])
-    for event_id in read_ids(txn, db, source_key, 0, from_seq):
-        id_key = event_id.encode("utf-8")
-        txn.put(fork_key + id_key, txn.get(source_key + id_key, db=db["event_ids"]), db=db["event_ids"])
-    # call_ids and iterations map to a first seq; log_entries are keyed by their seq.
-    for name in ("call_ids", "iterations"):
-        _copy_keyed(txn, db[name], source_key, fork_key, lambda _, seq: int.from_bytes(seq, "big") < from_seq)
-    _copy_keyed(txn, db["log_entries"], source_key, fork_key, lambda seq, _: int.from_bytes(seq, "big") < from_seq)
-    for chunk in range((from_seq - 1) // CHUNK_EVENTS + 1):
-        kept = min(CHUNK_EVENTS, from_seq - chunk * CHUNK_EVENTS)
-        counts = txn.get(source_key + be32(chunk), db=db["counts"])
-        ids = txn.get(source_key + be32(chunk), db=db["id_chunks"]).decode("utf-8").split(ID_SEPARATOR)
-        txn.put(fork_key + be32(chunk), counts[:kept * fastcore.RECORD_SIZE], db=db["counts"])
-        txn.put(fork_key + be32(chunk), ID_SEPARATOR.join(ids[:kept]).encode("utf-8"), db=db["id_chunks"])
-
-
-def delete_run(txn: lmdb.Transaction, db: dict, key: bytes, run_id: str) -> None:
+def delete_run(txn: Txn, db: dict, key: bytes, run_id: str) -> None:
     """Remove the run and everything under its key in the run's own databases (log, indexes,
     windows, summaries, artifacts, its context): ``db`` holds those and no other area's."""
     require_run(txn, db, key, run_id)
     sweep(txn, db, key)
 
 
-def delete_artifact(txn: lmdb.Transaction, db: dict, key: bytes, run_id: str, artifact_id: str) -> None:
+def delete_artifact(txn: Txn, db: dict, key: bytes, run_id: str, artifact_id: str) -> None:
     require_run(txn, db, key, run_id)
-    if not txn.delete(key + artifact_id.encode("utf-8"), db=db["artifacts"]):
+    if not drop_artifact(txn, db, key, artifact_id):
         raise NotFound(f"artifact {artifact_id!r} of run {run_id!r} not found")
 
 
@@ -178,7 +142,7 @@ def before_host_event(deps: Deps, writer: LogWriter, event: NewEvent) -> None:
             if found != _fingerprint(event):
                 _stop_replaying(writer)
                 return
-            writer.txn.delete(writer.key + be32(writer.run.next_seq), db=writer.db["replay"])
+            delete_replay(writer.txn, writer.db, writer.key, writer.run.next_seq)
             return
         if found[0].iteration > event.iteration:  # the source's events after it are of its iteration or later
             _stop_replaying(writer)
@@ -232,16 +196,16 @@ def _source_at(writer: LogWriter) -> str | tuple[Summary, dict] | None:
     (with its text), or None when nothing is carried for it (past the source's last summary, or a
     fork made before fingerprints were carried). A record the fork already passed (its log grew
     otherwise than the source's) ends the replay."""
-    cursor = writer.txn.cursor(db=writer.db["replay"])
-    if not cursor.set_range(writer.key) or not cursor.key().startswith(writer.key):
+    found = first_replay(writer.txn, writer.db, writer.key)
+    if found is None:
         return None
-    seq = int.from_bytes(cursor.key()[len(writer.key):], "big")
+    seq, stored = found
     if seq < writer.run.next_seq:
         _stop_replaying(writer)
         return None
     if seq > writer.run.next_seq:
         return None
-    value = json.loads(cursor.value())
+    value = json.loads(stored)
     if "event" in value:
         return value["event"]
     return Summary.from_dict(value.pop("summary")), value
@@ -255,7 +219,7 @@ def _apply(deps: Deps, writer: LogWriter, pending: tuple[Summary, dict]) -> Stor
     if not _still_replaying(writer, summary):
         _stop_replaying(writer)
         return None
-    writer.txn.delete(writer.key + be32(summary.seq), db=writer.db["replay"])
+    delete_replay(writer.txn, writer.db, writer.key, summary.seq)
     writer.run.replay_pending -= 1
     return write_summary(writer, summary, value["text"], value["role"], value["counter"], "replay")
 
@@ -278,9 +242,5 @@ def _still_replaying(writer: LogWriter, summary: Summary) -> bool:
 
 def _stop_replaying(writer: LogWriter) -> None:
     """The host departed from the source: drop what is pending; the fork is a branch now."""
-    cursor = writer.txn.cursor(db=writer.db["replay"])
-    if cursor.set_range(writer.key):
-        while cursor.key().startswith(writer.key):
-            if not cursor.delete():
-                break
+    drop_replay(writer.txn, writer.db, writer.key)
     writer.run.replay_pending = 0

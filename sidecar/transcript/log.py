@@ -12,32 +12,33 @@ in a shorter form from some turn on (``clearing``), then that form's.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from itertools import islice
-
-import lmdb
 
 import fastcore
 from sidecar.errors import Conflict, ValidationError
 from sidecar.settings import ROLES, ContextSettings
-from sidecar.storage.codec import (
-    ID_SEPARATOR,
-    StoredEvent,
-    decode_event,
-    decode_id_index,
-    encode_event,
-    encode_id_index,
-    pack_count,
-)
-from sidecar.storage.keys import be32
+from sidecar.storage.codec import StoredEvent, encode_event, encode_id_index, pack_count
+from sidecar.storage.keys import Txn
 from sidecar.text.counting import Counters
 from sidecar.transcript.runs import SIDECAR_ID_PREFIX, Run, save_run
+from sidecar.transcript.schema import (
+    CHUNK_EVENTS,
+    call_group,
+    count_chunk,
+    id_chunk,
+    indexed_event,
+    iteration_start,
+    log_entries_from,
+    log_entries_in,
+    name_key,
+    numbered_key,
+    put_chunk,
+    read_event,
+    read_ids,
+)
 from sidecar.validation import MAX_COUNT, check_at_least, check_id, check_text_bytes, json_field
 
-# 128 packed records are 1.5 KiB: small enough to stay inline in an LMDB leaf page, so an append
-# rewrites one page instead of a chain of overflow pages (measured: ~15% off a durable turn).
-CHUNK_EVENTS = 128
 MAX_EVENTS_PER_RUN = 2**31 - 1  # seq travels as int32
 MAX_TYPE_BYTES = 64
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -70,25 +71,26 @@ class LogWriter:
     """Appends entries to one run's log inside a write transaction, keeping the chunks it touches
     in memory until :meth:`flush` writes them and the run record."""
 
-    def __init__(self, txn: lmdb.Transaction, db: dict, key: bytes, run: Run) -> None:
+    def __init__(self, txn: Txn, db: dict, key: bytes, run: Run) -> None:
         self.txn, self.db, self.key, self.run = txn, db, key, run
         self._counts: dict[int, bytearray] = {}
         self._ids: dict[int, list[str]] = {}
 
     def append(self, entry: StoredEvent, group_first: int, host_token_count: int | None = None) -> None:
-        """Write ``entry`` (its seq must be the run's next) with its count record."""
+        """Write ``entry`` (its seq must be the run's next) with its count record. Its writes are
+        written out here rather than in ``schema``: they run once per event, on the turn's hot path."""
         txn, db, key, run = self.txn, self.db, self.key, self.run
         seq = entry.seq
         assert seq == run.next_seq and entry.iteration >= run.last_iteration
         if entry.iteration > run.last_iteration:
-            txn.put(key + be32(entry.iteration), be32(seq), db=db["iterations"])
-        txn.put(key + be32(seq), encode_event(entry), db=db["events"])
-        txn.put(key + entry.event_id.encode("utf-8"), encode_id_index(seq, host_token_count), db=db["event_ids"])
+            txn.put(numbered_key(key, entry.iteration), seq.to_bytes(4, "big"), db=db["iterations"])
+        txn.put(numbered_key(key, seq), encode_event(entry), db=db["events"])
+        txn.put(name_key(key, entry.event_id), encode_id_index(seq, host_token_count), db=db["event_ids"])
         chunk = self._chunk(seq)
         self._counts[chunk] += pack_count(entry.tokens, entry.iteration, group_first)
         self._ids[chunk].append(entry.event_id)
         if group_first == fastcore.NOT_A_UNIT:
-            txn.put(key + be32(seq), be32(run.log_entries), db=db["log_entries"])
+            txn.put(numbered_key(key, seq), run.log_entries.to_bytes(4, "big"), db=db["log_entries"])
             run.log_entries += 1
         run.next_seq = seq + 1
         run.last_iteration = entry.iteration
@@ -105,17 +107,13 @@ class LogWriter:
         """The chunk holding ``seq``, read into memory once per writer."""
         chunk = seq // CHUNK_EVENTS
         if chunk not in self._counts:
-            key, db = self.key, self.db
-            self._counts[chunk] = bytearray(self.txn.get(key + be32(chunk), b"", db=db["counts"]))
-            ids = self.txn.get(key + be32(chunk), db=db["id_chunks"])
-            self._ids[chunk] = ids.decode("utf-8").split(ID_SEPARATOR) if ids else []
+            self._counts[chunk] = bytearray(count_chunk(self.txn, self.db, self.key, chunk))
+            self._ids[chunk] = id_chunk(self.txn, self.db, self.key, chunk)
         return chunk
 
     def flush(self) -> None:
         for chunk, records in self._counts.items():
-            self.txn.put(self.key + be32(chunk), bytes(records), db=self.db["counts"])
-            self.txn.put(self.key + be32(chunk), ID_SEPARATOR.join(self._ids[chunk]).encode("utf-8"),
-                         db=self.db["id_chunks"])
+            put_chunk(self.txn, self.db, self.key, chunk, bytes(records), self._ids[chunk])
         save_run(self.txn, self.db, self.key, self.run)
 
 
@@ -194,10 +192,10 @@ def append_host_events(writer: LogWriter, events: Sequence[NewEvent], counts: Se
                 raise Conflict.field(f"{at}.event_id", "appears twice in this call with different fields")
             results.append(replace(earlier[1], already_recorded=True))
             continue
-        indexed = txn.get(key + event.event_id.encode("utf-8"), db=db["event_ids"])
+        indexed = indexed_event(txn, db, key, event.event_id)
         if indexed is not None:
-            seq_key, host_count = decode_id_index(indexed)
-            stored = decode_event(txn.get(key + seq_key, db=db["events"]))
+            stored = read_event(txn, db, key, indexed[0])
+            host_count = indexed[1]
             if not _same_event(stored, host_count, event):
                 raise Conflict.field(f"{at}.event_id", "is already recorded with different fields")
             results.append(AppendResult(stored.event_id, stored.seq, stored.tokens, True))
@@ -211,14 +209,7 @@ def append_host_events(writer: LogWriter, events: Sequence[NewEvent], counts: Se
         seq = run.next_seq
         if seq >= MAX_EVENTS_PER_RUN:
             raise ValidationError.field(at, f"the run already holds {seq} events, the most one run can")
-        group_first = seq
-        if event.call_id:
-            call_key = key + event.call_id.encode("utf-8")
-            first = txn.get(call_key, db=db["call_ids"])
-            if first is None:
-                txn.put(call_key, be32(seq), db=db["call_ids"])
-            else:
-                group_first = int.from_bytes(first, "big")
+        group_first = call_group(txn, db, key, event.call_id, seq) if event.call_id else seq
         writer.append(StoredEvent(seq, event.event_id, event.iteration, event.role, event.type, event.content,
                                   event.call_id, tokens, event.tool_name), group_first, event.host_token_count)
         result = AppendResult(event.event_id, seq, tokens, False)
@@ -231,20 +222,6 @@ def _same_event(stored: StoredEvent, stored_host_count: int | None, event: NewEv
     return (stored.iteration, stored.role, stored.type, stored.content, stored.call_id, stored_host_count,
             stored.tool_name) == (event.iteration, event.role, event.type, event.content, event.call_id,
                                   event.host_token_count, event.tool_name)
-
-
-def read_records(txn: lmdb.Transaction, db: dict, key: bytes, start: int, end: int) -> list[bytes]:
-    """The stored records of entries ``[start, end)``: one cursor pass, iterated in C."""
-    return list(iter_records(txn, db, key, start, end))
-
-
-def iter_records(txn: lmdb.Transaction, db: dict, key: bytes, start: int, end: int) -> Iterator[bytes]:
-    """The stored records of entries ``[start, end)``, read as they are taken."""
-    if start >= end:
-        return iter(())
-    cursor = txn.cursor(db=db["events"])
-    cursor.set_key(key + be32(start))
-    return islice(cursor.iternext(keys=False), end - start)
 
 
 def check_request_size(field: str, contents: Sequence[str], limits: ContextSettings) -> None:
@@ -262,47 +239,13 @@ def check_request_size(field: str, contents: Sequence[str], limits: ContextSetti
                                         "that is the most one call may carry ([context] max_request_bytes)")
 
 
-def read_ids(txn: lmdb.Transaction, db: dict, key: bytes, start: int, end: int) -> list[str]:
-    """The ids of entries ``[start, end)``, from the per-chunk id lists."""
-    ids: list[str] = []
-    for chunk in range(start // CHUNK_EVENTS, (end - 1) // CHUNK_EVENTS + 1 if end > start else 0):
-        base = chunk * CHUNK_EVENTS
-        chunk_ids = txn.get(key + be32(chunk), db=db["id_chunks"]).decode("utf-8").split(ID_SEPARATOR)
-        ids += chunk_ids[max(start - base, 0): end - base]
-    return ids
-
-
-def read_counts(txn: lmdb.Transaction, db: dict, key: bytes, start: int, end: int) -> bytes:
-    """The packed count records of entries ``[start, end)``."""
-    if start >= end:
-        return b""
-    first, last = start // CHUNK_EVENTS, (end - 1) // CHUNK_EVENTS
-    records = b"".join([txn.get(key + be32(chunk), db=db["counts"]) for chunk in range(first, last + 1)])
-    offset = first * CHUNK_EVENTS
-    return records[(start - offset) * fastcore.RECORD_SIZE:(end - offset) * fastcore.RECORD_SIZE]
-
-
-def log_entries_in(txn: lmdb.Transaction, db: dict, key: bytes, start: int, end: int) -> list[int]:
-    """The seqs of the sidecar's own entries (not transcript) in ``[start, end)``."""
-    seqs = []
-    cursor = txn.cursor(db=db["log_entries"])
-    if cursor.set_range(key + be32(start)):
-        for entry_key in cursor.iternext(values=False):
-            if not entry_key.startswith(key) or (seq := int.from_bytes(entry_key[len(key):], "big")) >= end:
-                break
-            seqs.append(seq)
-    return seqs
-
-
-def log_entries_before(txn: lmdb.Transaction, db: dict, key: bytes, run: Run, seq: int) -> int:
+def log_entries_before(txn: Txn, db: dict, key: bytes, run: Run, seq: int) -> int:
     """How many of the sidecar's own entries lie below ``seq``."""
-    cursor = txn.cursor(db=db["log_entries"])
-    if cursor.set_range(key + be32(seq)) and cursor.key().startswith(key):
-        return int.from_bytes(cursor.value(), "big")
-    return run.log_entries
+    before = log_entries_from(txn, db, key, seq)
+    return run.log_entries if before is None else before
 
 
-def host_event_ids(txn: lmdb.Transaction, db: dict, key: bytes, start: int, end: int) -> list[str]:
+def host_event_ids(txn: Txn, db: dict, key: bytes, start: int, end: int) -> list[str]:
     """The ids of the host's events in ``[start, end)``, in order (the sidecar's entries left out)."""
     ids = read_ids(txn, db, key, start, end)
     skip = log_entries_in(txn, db, key, start, end)
@@ -312,14 +255,12 @@ def host_event_ids(txn: lmdb.Transaction, db: dict, key: bytes, start: int, end:
     return ids
 
 
-def prefix_end(txn: lmdb.Transaction, db: dict, key: bytes, run: Run, iteration: int) -> int:
+def prefix_end(txn: Txn, db: dict, key: bytes, run: Run, iteration: int) -> int:
     """One past the last seq of the entries with iteration <= ``iteration``."""
     if iteration <= 0:
         return 0
     if iteration >= run.last_iteration:
         return run.next_seq
-    cursor = txn.cursor(db=db["iterations"])
-    if cursor.set_range(key + be32(iteration + 1)) and cursor.key().startswith(key):
-        return int.from_bytes(cursor.value(), "big")
-    return run.next_seq
+    end = iteration_start(txn, db, key, iteration + 1)
+    return run.next_seq if end is None else end
 

@@ -1,7 +1,7 @@
 """Runs: their settings, and the record that tracks each run's log in LMDB.
 
-Everything of a run lives under the key prefix ``scope(tenant, run_id)``; the run record itself
-is stored at that prefix in the ``runs`` database.
+Everything of a run lives under its key (``schema.run_key``); the run record itself is stored
+at that key in the ``runs`` database.
 """
 
 from __future__ import annotations
@@ -10,14 +10,13 @@ import secrets
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import lmdb
-
 from sidecar.errors import Conflict, FieldViolation, NotFound, ValidationError
 from sidecar.settings import STRATEGIES, ContextSettings
 from sidecar.storage.codec import dump_json, load_json
-from sidecar.storage.keys import scope
+from sidecar.storage.keys import Txn
 from sidecar.text.counting import Counters
-from sidecar.validation import check_at_least, check_id
+from sidecar.transcript.schema import put_run_record, run_record
+from sidecar.validation import check_at_least
 
 # Ids the sidecar makes (summary refs, its own log entries) start with this; hosts may not.
 SIDECAR_ID_PREFIX = "sidecar:"
@@ -106,29 +105,20 @@ def _fields(value: Any) -> dict[str, Any]:
     return {name: getattr(value, name) for name in value.__slots__}
 
 
-def run_key(tenant: str, run_id: str, field: str = "run_id") -> bytes:
-    return scope(tenant, check_id(field, run_id))
-
-
-def run_id_of(key: bytes) -> str:
-    """The run id in a run key (``scope(tenant, run_id)``: tenant NUL run_id NUL)."""
-    return key[:-1].split(b"\0", 1)[1].decode("utf-8")
-
-
-def load_run(txn: lmdb.Transaction, db: dict, key: bytes) -> Run | None:
-    data = txn.get(key, db=db["runs"])
+def load_run(txn: Txn, db: dict, key: bytes) -> Run | None:
+    data = run_record(txn, db, key)
     return None if data is None else Run.parse(data)
 
 
-def require_run(txn: lmdb.Transaction, db: dict, key: bytes, run_id: str) -> Run:
+def require_run(txn: Txn, db: dict, key: bytes, run_id: str) -> Run:
     run = load_run(txn, db, key)
     if run is None:
         raise NotFound(f"run {run_id!r} not found")
     return run
 
 
-def save_run(txn: lmdb.Transaction, db: dict, key: bytes, run: Run) -> None:
-    txn.put(key, run.record(), db=db["runs"])
+def save_run(txn: Txn, db: dict, key: bytes, run: Run) -> None:
+    put_run_record(txn, db, key, run.record())
 
 
 def default_settings(defaults: ContextSettings) -> RunSettings:

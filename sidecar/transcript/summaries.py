@@ -27,24 +27,31 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import islice
 
-import lmdb
-
 import fastcore
+from sidecar.context_window.profiles import stored_task
 from sidecar.errors import Conflict, FieldViolation, SummaryUnavailable, ValidationError
 from sidecar.settings import STRATEGIES
-from sidecar.storage.codec import StoredEvent, decode_event, decode_id_index, dump_json, encode_event, load_json
-from sidecar.storage.keys import be32, records_under
+from sidecar.storage.codec import StoredEvent, decode_event, dump_json, encode_event, load_json
+from sidecar.storage.keys import Txn
 from sidecar.text.fencing import is_fenced
-from sidecar.transcript.log import (
-    LogWriter,
-    count_texts,
-    host_event_ids,
+from sidecar.transcript.log import LogWriter, count_texts, host_event_ids, prefix_end
+from sidecar.transcript.runs import SIDECAR_ID_PREFIX, Deps, Run, RunSettings
+from sidecar.transcript.schema import (
+    CompactionRecord,
+    artifact,
+    artifacts,
+    event_by_id,
+    event_seq,
     log_entries_in,
-    prefix_end,
+    put_artifact,
+    put_compaction_record,
+    put_summary_record,
     read_counts,
+    read_event,
     read_ids,
+    run_id_of,
+    summary_record,
 )
-from sidecar.transcript.runs import SIDECAR_ID_PREFIX, Deps, Run, run_id_of
 from sidecar.validation import check_at_least, check_id, check_text_bytes
 
 SUMMARY_TYPE = "context.summary"  # the summary's entry in a window
@@ -75,7 +82,8 @@ class Summary:
 
     def record(self) -> bytes:
         ref = self.ref.encode("utf-8")
-        return _HEAD.pack(_LAYOUT, self.below, self.depth, self.tokens_after, len(ref)) + ref + dump_json(self.as_dict())
+        head = _HEAD.pack(_LAYOUT, self.below, self.depth, self.tokens_after, len(ref))
+        return head + ref + dump_json(self.as_dict())
 
     def as_dict(self) -> dict:
         # Not dataclasses.asdict: it deep-copies every field, which costs more than the rest of a turn.
@@ -109,8 +117,8 @@ class InForce:
     ref: str
 
 
-def _in_force_at(txn: lmdb.Transaction, db: dict, key: bytes, index: int) -> InForce:
-    data = txn.get(key + be32(index), db=db["summaries"])
+def _in_force_at(txn: Txn, db: dict, key: bytes, index: int) -> InForce:
+    data = summary_record(txn, db, key, index)
     if data[:1] == b"{":
         summary = Summary.parse(data)
         return InForce(index, summary.below, summary.depth, summary.tokens_after, summary.ref)
@@ -118,7 +126,7 @@ def _in_force_at(txn: lmdb.Transaction, db: dict, key: bytes, index: int) -> InF
     return InForce(index, below, depth, tokens, data[_HEAD.size:_HEAD.size + ref_length].decode("utf-8"))
 
 
-def stack_down(txn: lmdb.Transaction, db: dict, key: bytes, top: Summary | None) -> Iterator[InForce]:
+def stack_down(txn: Txn, db: dict, key: bytes, top: Summary | None) -> Iterator[InForce]:
     """The summaries in force once ``top`` is, newest first: one fixed-size read each, as far as
     the caller goes."""
     if top is None:
@@ -131,18 +139,19 @@ def stack_down(txn: lmdb.Transaction, db: dict, key: bytes, top: Summary | None)
         below = summary.below
 
 
-def newest_in_force(txn: lmdb.Transaction, db: dict, key: bytes, top: Summary | None, count: int) -> list[InForce]:
+def newest_in_force(txn: Txn, db: dict, key: bytes, top: Summary | None, count: int) -> list[InForce]:
     """The newest ``count`` summaries in force once ``top`` is, oldest first."""
     return list(islice(stack_down(txn, db, key, top), count))[::-1]
 
 
-def feedable_tokens(txn: lmdb.Transaction, db: dict, key: bytes, top: Summary | None, budget: int,
+def feedable_tokens(txn: Txn, db: dict, key: bytes, top: Summary | None, budget: int,
                     max_entries: int) -> tuple[int, ...]:
     """The counts of the newest summaries in force that a window of ``budget`` tokens and at most
     ``max_entries`` entries (0: no bound) could hold, oldest first: a window takes summaries newest
     first and stops at the first that does not fit, so none older than these can be in it, and
     the walk down the stack stops where the window must."""
-    tokens, total = [], 0
+    tokens: list[int] = []
+    total = 0
     for summary in stack_down(txn, db, key, top):
         if (max_entries and len(tokens) >= max_entries) or total + summary.tokens > budget:
             break
@@ -152,26 +161,14 @@ def feedable_tokens(txn: lmdb.Transaction, db: dict, key: bytes, top: Summary | 
 
 
 @dataclass(frozen=True, slots=True)
-class Compaction:
-    """Whether compaction is due, and what to summarise (the compaction policy decides both)."""
-
-    due: bool
-    candidate_ids: tuple[str, ...] = ()
-    tokens_before: int = 0
-    # Said once (due False) when compaction would be due but nothing can be summarised.
-    reason: str = ""
-    # That case's marker, persisted with the window: the summary in force (-1: none) under which
-    # the reason was said, so the following turns stay quiet until another summary is recorded.
-    said_under: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
 class Candidates:
     """What may be summarised at an iteration, and the built-in choice among it."""
 
-    ids: tuple[str, ...]  # every summarisable event, a budget's worth at most ("recursive": the summary in force first)
+    # Every summarisable event, a budget's worth at most ("recursive": the summary in force first).
+    ids: tuple[str, ...]
     tokens_before: int  # the ids' tokens
-    unsummarised: int  # the tokens of the transcript no summary replaced yet (as fed: cleared results weigh their placeholder)
+    # The tokens of the transcript no summary replaced yet (as fed: cleared results weigh their placeholder).
+    unsummarised: int
     floor: int  # summarisable events are the host events of [floor, protect)
     protect: int
     # Of ``unsummarised``: what was appended after the summary in force was recorded (all of it
@@ -180,11 +177,11 @@ class Candidates:
     protected: int = 0
 
 
-def load_summary(txn: lmdb.Transaction, db: dict, key: bytes, index: int) -> Summary:
-    return Summary.parse(txn.get(key + be32(index), db=db["summaries"]))
+def load_summary(txn: Txn, db: dict, key: bytes, index: int) -> Summary:
+    return Summary.parse(summary_record(txn, db, key, index))
 
 
-def last_summary_where(txn: lmdb.Transaction, db: dict, key: bytes, run: Run,
+def last_summary_where(txn: Txn, db: dict, key: bytes, run: Run,
                        holds: Callable[[Summary], bool]) -> Summary | None:
     """The newest summary for which ``holds`` is true, where ``holds`` is true of a prefix of
     the summaries in recording order (their seqs and iterations never decrease): a binary search,
@@ -202,30 +199,31 @@ def last_summary_where(txn: lmdb.Transaction, db: dict, key: bytes, run: Run,
     return found
 
 
-def in_force(txn: lmdb.Transaction, db: dict, key: bytes, run: Run, iteration: int) -> Summary | None:
+def in_force(txn: Txn, db: dict, key: bytes, run: Run, iteration: int) -> Summary | None:
     """The newest summary recorded for an iteration <= ``iteration``: its stack stands in for
     every event below its ``to_seq``. None when no summary stands in yet."""
     return last_summary_where(txn, db, key, run, lambda summary: summary.iteration <= iteration)
 
 
-def read_artifact(txn: lmdb.Transaction, db: dict, key: bytes, ref: str) -> bytes:
+def read_artifact(txn: Txn, db: dict, key: bytes, ref: str) -> bytes:
     """A summary's artifact: its entry as stored (a WindowEntry on the wire)."""
-    data = txn.get(key + ref.encode("utf-8"), db=db["artifacts"])
+    data = artifact(txn, db, key, ref)
     if data is None:
-        raise SummaryUnavailable(f"the summary {ref!r} can no longer be read: its artifact was deleted",
-                                 metadata={"summary_ref": ref})
+        raise _unavailable(ref)
     return data
 
 
-def read_artifacts(txn: lmdb.Transaction, db: dict, key: bytes, refs: list[str]) -> list[bytes]:
+def read_artifacts(txn: Txn, db: dict, key: bytes, refs: list[str]) -> list[bytes]:
     """Several artifacts in one C-level pass (a window may feed dozens of summaries)."""
-    if not refs:
-        return []
-    found = txn.cursor(db=db["artifacts"]).getmulti([key + ref.encode("utf-8") for ref in refs])
-    if len(found) != len(refs):
-        present = {stored_key[len(key):].decode("utf-8") for stored_key, _ in found}
-        read_artifact(txn, db, key, next(ref for ref in refs if ref not in present))  # raises for it
-    return [value for _, value in found]
+    found, missing = artifacts(txn, db, key, refs)
+    if missing is not None:
+        raise _unavailable(missing)
+    return found
+
+
+def _unavailable(ref: str) -> SummaryUnavailable:
+    return SummaryUnavailable(f"the summary {ref!r} can no longer be read: its artifact was deleted",
+                              metadata={"summary_ref": ref})
 
 
 def summarized_payload(summary: Summary, token_counter: str) -> str:
@@ -241,37 +239,29 @@ def write_summary(writer: LogWriter, summary: Summary, text: str, role: str, tok
     """Persist the summary, its artifact, its ``context.summarized`` log entry and its
     compaction record (one txn): every entry has exactly one record."""
     txn, db, key = writer.txn, writer.db, writer.key
-    artifact = StoredEvent(summary.seq, summary.ref, summary.iteration, role, SUMMARY_TYPE, text, "",
-                           summary.tokens_after)
-    txn.put(key + summary.ref.encode("utf-8"), encode_event(artifact), db=db["artifacts"])
-    txn.put(key + be32(summary.index), summary.record(), db=db["summaries"])
+    entry_of_artifact = StoredEvent(summary.seq, summary.ref, summary.iteration, role, SUMMARY_TYPE, text, "",
+                                    summary.tokens_after)
+    put_artifact(txn, db, key, summary.ref, encode_event(entry_of_artifact))
+    put_summary_record(txn, db, key, summary.index, summary.record())
     entry = StoredEvent(summary.seq, f"{SIDECAR_ID_PREFIX}{SUMMARIZED_TYPE}:{summary.index}", summary.iteration,
                         "system", SUMMARIZED_TYPE, summarized_payload(summary, token_counter), "", 0)
-    put_compaction_record(writer, entry, {
-        "kind": "summary", "removed": list(summary.replaced_turns), "summary_ref": summary.ref,
-        "tokens_before": summary.tokens_before, "tokens_after": summary.tokens_after, "by": summarised_by})
+    append_compaction(writer, entry, "summary", summary.replaced_turns, summary.ref, summary.tokens_before,
+                      summary.tokens_after, summarised_by)
     writer.run.summaries = summary.index + 1
     return entry
 
 
-def put_compaction_record(writer: LogWriter, entry: StoredEvent, fields: dict) -> None:
-    """Append the sidecar's log ``entry`` and its compaction record (``fields`` and the common
-    ones): records are numbered by the entry's place among the run's log entries (summaries,
-    clearings), so a page of them follows the log and a fork takes those below its seq."""
-    txn, db, key = writer.txn, writer.db, writer.key
+def append_compaction(writer: LogWriter, entry: StoredEvent, kind: str, removed: tuple[str, ...], summary_ref: str,
+                      tokens_before: int, tokens_after: int, by: str) -> None:
+    """Append the sidecar's log ``entry`` and its compaction record: records are numbered by the
+    entry's place among the run's log entries (summaries, clearings), so a page of them follows
+    the log and a fork takes those below its seq."""
     index = writer.run.log_entries
     writer.append(entry, fastcore.NOT_A_UNIT)
-    task = txn.get(key, db=db["tasks"])
-    task_id = (load_json(task)["task"][0] if task else "") or run_id_of(key)
-    txn.put(key + be32(index), dump_json({
-        "index": index, "task_id": task_id, "iteration": entry.iteration, "recorded_ms": int(time.time() * 1000),
-        "seq": entry.seq, **fields}), db=db["compaction_records"])
-
-
-def compaction_records(txn: lmdb.Transaction, db: dict, key: bytes, from_index: int, limit: int) -> list[dict]:
-    """The run's compaction records from ``from_index``, at most ``limit``."""
-    found = records_under(txn, db["compaction_records"], key, be32(from_index))
-    return [load_json(value) for _, value in islice(found, limit)]
+    task_id = stored_task(writer.txn, writer.db, writer.key)[0].task_id or run_id_of(writer.key)
+    put_compaction_record(writer.txn, writer.db, writer.key, CompactionRecord(
+        index, task_id, entry.iteration, int(time.time() * 1000), entry.seq, kind, removed, summary_ref,
+        tokens_before, tokens_after, by))
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,7 +273,7 @@ class SummaryRequest:
     host_token_count: int | None = None
 
 
-def protected_from(deps: Deps, txn: lmdb.Transaction, key: bytes, run: Run, iteration: int,
+def protected_from(deps: Deps, txn: Txn, key: bytes, run: Run, iteration: int,
                    counts: bytes, base_seq: int) -> int:
     """Where the verbatim floor starts for a summary in force from ``iteration``: the active
     turn and the last ``keep_last_turns`` turns, or the last ``keep_last_tokens`` tokens if that
@@ -303,7 +293,35 @@ def record_summary(deps: Deps, writer: LogWriter, request: SummaryRequest,
     """Validate and record a host's summary; returns (summary, its log entry, created). A retry
     of a recorded summary (same range, same text) returns it with created False."""
     txn, db, key, run = writer.txn, writer.db, writer.key, writer.run
-    settings = run.settings
+    strategy = _check_request(deps, run.settings, request)
+    text_sha256 = hashlib.sha256(request.text.encode("utf-8")).hexdigest()
+    existing = _retry_of(txn, db, key, run, request.replaced_ids, text_sha256)
+    if existing is not None:
+        return existing, read_event(txn, db, key, existing.seq), False
+    iteration = _check_iteration(run, request.iteration)
+    top = in_force(txn, db, key, run, iteration)
+    replaced = _check_replaced(deps, txn, key, run, iteration, top, strategy, request.replaced_ids)
+    summary = _new_summary(deps, run, request, strategy, text_sha256, iteration, top, replaced)
+    entry = write_summary(writer, summary, request.text, deps.defaults.summary_role, run.settings.token_counter,
+                          summarised_by)
+    return summary, entry, True
+
+
+@dataclass(frozen=True, slots=True)
+class _Replaced:
+    """What a summary replaces, checked: the newest summaries in force, then the oldest events
+    not yet summarised, from the floor on."""
+
+    summaries: list[InForce]  # oldest first
+    refs: list[str]
+    event_ids: list[str]
+    seqs: list[int]  # the events'
+    floor: int  # the first event no summary replaced yet
+    counts: bytes  # the log's count records from the floor to its end
+
+
+def _check_request(deps: Deps, settings: RunSettings, request: SummaryRequest) -> str:
+    """The summary's strategy, once the request's own fields are valid."""
     if not settings.summarization:
         raise ValidationError.field("run_id", "the run does not accept summaries (OpenRun summarization_supported)")
     strategy = request.strategy or settings.summarization_strategy
@@ -314,92 +332,129 @@ def record_summary(deps: Deps, writer: LogWriter, request: SummaryRequest,
     check_text_bytes("summary_text", request.text, deps.defaults.max_event_bytes)
     if not request.replaced_ids:
         raise ValidationError.field("replaced_event_ids", "at least one event or summary is required")
-    for i, replaced in enumerate(request.replaced_ids):
-        check_id(f"replaced_event_ids[{i}]", replaced)
-    text_sha256 = hashlib.sha256(request.text.encode("utf-8")).hexdigest()
+    for i, replaced_id in enumerate(request.replaced_ids):
+        check_id(f"replaced_event_ids[{i}]", replaced_id)
+    return strategy
 
-    existing = _recorded_with(txn, db, key, run, request.replaced_ids)
-    if existing is not None:
-        if existing.text_sha256 != text_sha256:
-            raise Conflict.field("summary_text", f"this range is already summarised as {existing.ref!r}, with another text")
-        return existing, decode_event(txn.get(key + be32(existing.seq), db=db["events"])), False
 
-    iteration = check_at_least("iteration", request.iteration, 1)
+def _retry_of(txn: Txn, db: dict, key: bytes, run: Run, replaced_ids: tuple[str, ...],
+              text_sha256: str) -> Summary | None:
+    """The summary recorded already for exactly this range (the call is a retry), if any; a
+    conflict when it was recorded with another text."""
+    existing = _recorded_with(txn, db, key, run, replaced_ids)
+    if existing is not None and existing.text_sha256 != text_sha256:
+        raise Conflict.field("summary_text", f"this range is already summarised as {existing.ref!r}, with another text")
+    return existing
+
+
+def _check_iteration(run: Run, requested: int) -> int:
+    iteration = check_at_least("iteration", requested, 1)
     if iteration < run.last_iteration or iteration <= run.last_assembled:
         raise ValidationError.field(
             "iteration", f"is {iteration}; a summary stands in from an iteration not yet assembled and not "
             f"before the log's last (assembled up to {run.last_assembled}, log at {run.last_iteration})")
-    top = in_force(txn, db, key, run, iteration)
-    depth = top.depth if top else 0
-    floor = top.to_seq if top else 0
+    return iteration
 
+
+def _check_replaced(deps: Deps, txn: Txn, key: bytes, run: Run, iteration: int, top: Summary | None, strategy: str,
+                    replaced_ids: tuple[str, ...]) -> _Replaced:
+    """What the summary replaces, naming every violation at once."""
+    db = deps.db
+    floor = top.to_seq if top else 0
     # Replaced summaries first (a suffix of the stack, in its order), then events from the floor.
-    refs = [r for r in request.replaced_ids if r.startswith(REF_PREFIX)]
-    event_ids = list(request.replaced_ids[len(refs):])
+    refs = [r for r in replaced_ids if r.startswith(REF_PREFIX)]
+    event_ids = list(replaced_ids[len(refs):])
     violations = []
     if any(r.startswith(REF_PREFIX) for r in event_ids):
         violations.append(FieldViolation("replaced_event_ids", "replaced summaries must come before events"))
-    replaced: list[InForce] = []  # the newest summaries in force, oldest first; those the new one replaces
-    if refs:
-        replaced = newest_in_force(txn, db, key, top, len(refs))
-        if strategy not in STACKING_STRATEGIES:
-            violations.append(FieldViolation("replaced_event_ids[0]", f"only {' or '.join(STACKING_STRATEGIES)} "
-                                             "summaries may replace summaries"))
-        elif [summary.ref for summary in replaced] != refs:
-            # Named up to the refs' count: the whole stack may be long, and only its newest can be meant.
-            shown = [summary.ref for summary in newest_in_force(txn, db, key, top, max(len(refs), 8))]
-            violations.append(FieldViolation("replaced_event_ids[0]", "replaced summaries must be the newest "
-                                             "ones in force, in order: " + (", ".join(shown) or "(none)")))
-    replaced_summaries = tuple(summary.index for summary in replaced)
-
+    summaries, wrong = _replaced_summaries(txn, db, key, top, strategy, refs)
+    violations += wrong
     counts = read_counts(txn, db, key, floor, run.next_seq)
-    log_entries = set(log_entries_in(txn, db, key, floor, run.next_seq))
-    units = [seq for seq in range(floor, run.next_seq) if seq not in log_entries]
-    seqs = []
-    for i, event_id in enumerate(event_ids, start=len(refs)):
-        indexed = txn.get(key + event_id.encode("utf-8"), db=db["event_ids"])
-        seq = int.from_bytes(decode_id_index(indexed)[0], "big") if indexed else None
-        expected = units[len(seqs)] if len(seqs) < len(units) else None
-        if seq is None:
-            violations.append(FieldViolation(f"replaced_event_ids[{i}]", f"{event_id!r} is not an event of the run"))
-        elif seq != expected:
-            violations.append(FieldViolation(
-                f"replaced_event_ids[{i}]", f"{event_id!r} is not the next unsummarised event (the oldest events "
-                "not yet summarised must be replaced in order, without gaps)"))
-        seqs.append(seq)
+    seqs, wrong = _replaced_events(txn, db, key, run, floor, event_ids, len(refs))
+    violations += wrong
     if not violations and seqs:
-        cut = seqs[-1] + 1
-        protect = protected_from(deps, txn, key, run, iteration, counts, floor)
-        for i, (event_id, seq) in enumerate(zip(event_ids, seqs), start=len(refs)):
-            if seq >= protect:
-                violations.append(FieldViolation(f"replaced_event_ids[{i}]", f"{event_id!r} is in the active turn "
-                                                 "or the keep_last_turns / keep_last_tokens floor"))
-        split = fastcore.splits_group(counts, floor, floor, cut)
-        if split >= 0:
-            partner = read_ids(txn, db, key, split, split + 1)[0]
-            violations.append(FieldViolation(f"replaced_event_ids[{len(refs) + len(seqs) - 1}]",
-                                             f"the range splits a tool call from its result {partner!r}"))
+        violations += _uncuttable(deps, txn, key, run, iteration, counts, floor, event_ids, seqs, len(refs))
     if violations:
         raise ValidationError("; ".join(f"{v.field}: {v.description}" for v in violations), tuple(violations))
-    if not seqs and len(replaced_summaries) < 2:
+    if not seqs and len(summaries) < 2:
         raise ValidationError.field("replaced_event_ids", "replacing summaries alone takes at least two of them")
+    return _Replaced(summaries, refs, event_ids, seqs, floor, counts)
 
-    token_counter = settings.token_counter
-    tokens_after = count_texts(deps.counters, token_counter, [request.text], [request.host_token_count],
+
+def _replaced_summaries(txn: Txn, db: dict, key: bytes, top: Summary | None, strategy: str,
+                        refs: list[str]) -> tuple[list[InForce], list[FieldViolation]]:
+    """The summaries ``refs`` name (the newest in force, oldest first), and what is wrong with them."""
+    if not refs:
+        return [], []
+    replaced = newest_in_force(txn, db, key, top, len(refs))
+    if strategy not in STACKING_STRATEGIES:
+        return replaced, [FieldViolation("replaced_event_ids[0]", f"only {' or '.join(STACKING_STRATEGIES)} "
+                                         "summaries may replace summaries")]
+    if [summary.ref for summary in replaced] != refs:
+        # Named up to the refs' count: the whole stack may be long, and only its newest can be meant.
+        shown = [summary.ref for summary in newest_in_force(txn, db, key, top, max(len(refs), 8))]
+        return replaced, [FieldViolation("replaced_event_ids[0]", "replaced summaries must be the newest "
+                                         "ones in force, in order: " + (", ".join(shown) or "(none)"))]
+    return replaced, []
+
+
+def _replaced_events(txn: Txn, db: dict, key: bytes, run: Run, floor: int, event_ids: list[str],
+                     first_field: int) -> tuple[list[int], list[FieldViolation]]:
+    """The seqs of the events ``event_ids`` (found ones), and what is wrong with them: they must be
+    the oldest not yet summarised, in order, without gaps. ``first_field``: the first one's place
+    in replaced_event_ids."""
+    log_entries = set(log_entries_in(txn, db, key, floor, run.next_seq))
+    units = [seq for seq in range(floor, run.next_seq) if seq not in log_entries]
+    seqs: list[int] = []
+    violations = []
+    for position, event_id in enumerate(event_ids):
+        field = f"replaced_event_ids[{first_field + position}]"
+        seq = event_seq(txn, db, key, event_id)
+        expected = units[position] if position < len(units) else None
+        if seq is None:
+            violations.append(FieldViolation(field, f"{event_id!r} is not an event of the run"))
+            continue
+        if seq != expected:
+            violations.append(FieldViolation(
+                field, f"{event_id!r} is not the next unsummarised event (the oldest events "
+                "not yet summarised must be replaced in order, without gaps)"))
+        seqs.append(seq)
+    return seqs, violations
+
+
+def _uncuttable(deps: Deps, txn: Txn, key: bytes, run: Run, iteration: int, counts: bytes, floor: int,
+                event_ids: list[str], seqs: list[int], first_field: int) -> list[FieldViolation]:
+    """What keeps the log from being cut after the replaced events: an event in the verbatim
+    floor or the active turn, or a tool call parted from its result."""
+    protect = protected_from(deps, txn, key, run, iteration, counts, floor)
+    violations = [FieldViolation(f"replaced_event_ids[{i}]", f"{event_id!r} is in the active turn "
+                                 "or the keep_last_turns / keep_last_tokens floor")
+                  for i, (event_id, seq) in enumerate(zip(event_ids, seqs), start=first_field) if seq >= protect]
+    split = fastcore.splits_group(counts, floor, floor, seqs[-1] + 1)
+    if split >= 0:
+        partner = read_ids(txn, deps.db, key, split, split + 1)[0]
+        violations.append(FieldViolation(f"replaced_event_ids[{first_field + len(seqs) - 1}]",
+                                         f"the range splits a tool call from its result {partner!r}"))
+    return violations
+
+
+def _new_summary(deps: Deps, run: Run, request: SummaryRequest, strategy: str, text_sha256: str, iteration: int,
+                 top: Summary | None, replaced: _Replaced) -> Summary:
+    """The summary to record: it goes on the stack where the oldest summary it replaces was (or
+    on top of the one in force)."""
+    tokens_after = count_texts(deps.counters, run.settings.token_counter, [request.text], [request.host_token_count],
                                ["host_token_count"])[0]
-    tokens_before = sum(_tokens_at(counts, floor, seq) for seq in seqs)
-    tokens_before += sum(summary.tokens for summary in replaced)
-    # It goes on the stack where the oldest summary it replaces was (or on top of the one in force).
-    below = replaced[0].below if replaced else (top.index if top else NO_SUMMARY)
+    tokens_before = sum(_tokens_at(replaced.counts, replaced.floor, seq) for seq in replaced.seqs)
+    tokens_before += sum(summary.tokens for summary in replaced.summaries)
+    below = replaced.summaries[0].below if replaced.summaries else (top.index if top else NO_SUMMARY)
     index = run.summaries
-    ref = f"{REF_PREFIX}{index}:{text_sha256[:12]}"
-    summary = Summary(
-        index=index, ref=ref, seq=run.next_seq, iteration=iteration,
-        from_seq=floor, to_seq=(seqs[-1] + 1) if seqs else floor, replaced_summaries=replaced_summaries,
-        replaced_turns=tuple(refs) + tuple(event_ids), tokens_before=tokens_before, tokens_after=tokens_after,
-        strategy=strategy, text_sha256=text_sha256, below=below, depth=depth - len(replaced) + 1)
-    entry = write_summary(writer, summary, request.text, deps.defaults.summary_role, token_counter, summarised_by)
-    return summary, entry, True
+    return Summary(
+        index=index, ref=f"{REF_PREFIX}{index}:{text_sha256[:12]}", seq=run.next_seq, iteration=iteration,
+        from_seq=replaced.floor, to_seq=(replaced.seqs[-1] + 1) if replaced.seqs else replaced.floor,
+        replaced_summaries=tuple(summary.index for summary in replaced.summaries),
+        replaced_turns=tuple(replaced.refs) + tuple(replaced.event_ids), tokens_before=tokens_before,
+        tokens_after=tokens_after, strategy=strategy, text_sha256=text_sha256, below=below,
+        depth=(top.depth if top else 0) - len(replaced.summaries) + 1)
 
 
 def _tokens_at(counts: bytes, base_seq: int, seq: int) -> int:
@@ -414,7 +469,7 @@ def _ref_index(ref: str) -> int | None:
         return None
 
 
-def _recorded_with(txn: lmdb.Transaction, db: dict, key: bytes, run: Run,
+def _recorded_with(txn: Txn, db: dict, key: bytes, run: Run,
                    replaced: tuple[str, ...]) -> Summary | None:
     """The summary already recorded for exactly these replaced turns, if any (a retry)."""
     first = replaced[0]
@@ -422,10 +477,9 @@ def _recorded_with(txn: lmdb.Transaction, db: dict, key: bytes, run: Run,
         index = _ref_index(first)
         candidates = range(index + 1, run.summaries) if index is not None else range(0)
     else:
-        indexed = txn.get(key + first.encode("utf-8"), db=db["event_ids"])
-        if indexed is None:
+        seq = event_seq(txn, db, key, first)
+        if seq is None:
             return None
-        seq = int.from_bytes(decode_id_index(indexed)[0], "big")
         # Summaries are recorded in seq order and each follows the events it replaced.
         candidates = range(run.summaries - 1, -1, -1)
         for index in candidates:
@@ -442,7 +496,7 @@ def _recorded_with(txn: lmdb.Transaction, db: dict, key: bytes, run: Run,
     return None
 
 
-def candidates(deps: Deps, txn: lmdb.Transaction, key: bytes, run: Run, iteration: int, budget: int,
+def candidates(deps: Deps, txn: Txn, key: bytes, run: Run, iteration: int, budget: int,
                top: Summary | None, end: int) -> Candidates:
     """What the built-in policy would summarise: all that may be (outside the verbatim floor and
     the active turn, groups whole), at most a budget's worth, and, for ``recursive``, the summary
@@ -467,19 +521,18 @@ def _tokens_between(counts: bytes, base_seq: int, start: int, end: int) -> int:
     return sum(_tokens_at(counts, base_seq, seq) for seq in range(max(start, base_seq), end))
 
 
-def tokens_of(deps: Deps, txn: lmdb.Transaction, key: bytes, top: Summary | None, ids: tuple[str, ...]) -> int:
+def tokens_of(deps: Deps, txn: Txn, key: bytes, top: Summary | None, ids: tuple[str, ...]) -> int:
     """The tokens of a range to summarise: the summary in force's, then each event's."""
     total = 0
     for replaced in ids:
         if top is not None and replaced == top.ref:
             total += top.tokens_after
             continue
-        seq = decode_id_index(txn.get(key + replaced.encode("utf-8"), db=deps.db["event_ids"]))[0]
-        total += decode_event(txn.get(key + seq, db=deps.db["events"])).tokens
+        total += event_by_id(txn, deps.db, key, replaced).tokens
     return total
 
 
-def extractive_summary(deps: Deps, txn: lmdb.Transaction, key: bytes, run: Run, candidate_ids: tuple[str, ...],
+def extractive_summary(deps: Deps, txn: Txn, key: bytes, run: Run, candidate_ids: tuple[str, ...],
                        tokens_before: int, budget: int) -> str | None:
     """The built-in summariser: deterministic and extractive, the first line of each replaced
     entry, clipped to a quarter of what it replaces (at most an eighth of the budget). None when
@@ -493,8 +546,7 @@ def extractive_summary(deps: Deps, txn: lmdb.Transaction, key: bytes, run: Run, 
         if replaced.startswith(REF_PREFIX):
             event = decode_event(read_artifact(txn, deps.db, key, replaced))
         else:
-            seq = decode_id_index(txn.get(key + replaced.encode("utf-8"), db=deps.db["event_ids"]))[0]
-            event = decode_event(txn.get(key + seq, db=deps.db["events"]))
+            event = event_by_id(txn, deps.db, key, replaced)
         if is_fenced(event.content):
             # Untrusted content stays inside its block: a summary is fed as the sidecar's own text.
             first_line = f"({event.tokens} tokens of untrusted data)"

@@ -11,22 +11,31 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import Any
-
-import lmdb
 
 import fastcore
 from sidecar.errors import TokenBudgetExceeded, TranscriptWindowExceeded
-from sidecar.storage.codec import StoredEvent, decode_event, dump_json
-from sidecar.storage.keys import be32
+from sidecar.storage.codec import StoredEvent, decode_event
+from sidecar.storage.keys import Txn
 from sidecar.text.counting import TokenCounter
 from sidecar.text.fencing import split_block
-from sidecar.transcript.clearing import current_forms, forms_listed, window_record
-from sidecar.transcript.log import CHUNK_EVENTS, log_entries_before, log_entries_in, prefix_end, read_ids, read_records
-from sidecar.transcript.runs import Deps, Run, load_run, save_run
+from sidecar.transcript.log import log_entries_before, prefix_end
+from sidecar.transcript.runs import Deps, Run, require_run, save_run
+from sidecar.transcript.schema import (
+    CHUNK_EVENTS,
+    Compaction,
+    WindowRecord,
+    count_chunk,
+    count_chunks,
+    current_forms,
+    forms_listed,
+    log_entries_in,
+    previous_window,
+    put_window,
+    read_ids,
+    read_records,
+)
 from sidecar.transcript.summaries import (
     NO_SUMMARY,
-    Compaction,
     Summary,
     feedable_tokens,
     in_force,
@@ -110,11 +119,11 @@ class Plan:
     top: int  # the summary in force (its index), -1 for none
     prefix_in: int  # how many of the summaries in force are in the window
 
-    def identity(self) -> list[Any]:
-        return [self.token_counter, self.budget, self.start, self.end, self.cap, self.top, self.prefix_in]
+    def identity(self) -> tuple[str, int, int, int, int, int, int]:
+        return self.token_counter, self.budget, self.start, self.end, self.cap, self.top, self.prefix_in
 
-    def same_as(self, record: dict) -> bool:
-        return record["plan"] == self.identity()
+    def same_as(self, record: WindowRecord) -> bool:
+        return record.plan == self.identity()
 
 
 def effective_budget(deps: Deps, run: Run, max_transcript_tokens: int | None) -> int:
@@ -123,7 +132,7 @@ def effective_budget(deps: Deps, run: Run, max_transcript_tokens: int | None) ->
                max_transcript_tokens or MAX_COUNT)
 
 
-def plan(deps: Deps, txn: lmdb.Transaction, key: bytes, run: Run, iteration: int,
+def plan(deps: Deps, txn: Txn, key: bytes, run: Run, iteration: int,
          max_transcript_tokens: int | None) -> tuple[Plan, Summary | None]:
     """Choose the window for ``iteration``: read the tail's count chunks (doubling the history
     read while the answer reaches further back, never below the summarised floor)."""
@@ -133,11 +142,10 @@ def plan(deps: Deps, txn: lmdb.Transaction, key: bytes, run: Run, iteration: int
     top = in_force(txn, deps.db, key, run, iteration) if run.summaries else None
     floor = top.to_seq if top else 0
     prefix = feedable_tokens(txn, deps.db, key, top, budget, settings.transcript_window)
-    counts = deps.db["counts"]
     last_chunk = (end - 1) // CHUNK_EVENTS if end else 0
     first_chunk = last_chunk
     floor_chunk = min(floor // CHUNK_EVENTS, last_chunk)
-    records = (txn.get(key + be32(last_chunk), b"", db=counts)[: (end - last_chunk * CHUNK_EVENTS) * fastcore.RECORD_SIZE]
+    records = (count_chunk(txn, deps.db, key, last_chunk)[: (end - last_chunk * CHUNK_EVENTS) * fastcore.RECORD_SIZE]
                if end > floor else b"")
     base = first_chunk * CHUNK_EVENTS if end > floor else end
     stable = settings.window_policy == "cache_stable"
@@ -146,7 +154,7 @@ def plan(deps: Deps, txn: lmdb.Transaction, key: bytes, run: Run, iteration: int
         if floor < previous_start < end:
             # The window reaches back to the previous start at least: read from there at once.
             first_chunk = max(floor_chunk, min(last_chunk, (previous_start - 1) // CHUNK_EVENTS))
-            records = b"".join([txn.get(key + be32(c), db=counts) for c in range(first_chunk, last_chunk)] + [records])
+            records = count_chunks(txn, deps.db, key, first_chunk, last_chunk, then=records)
             base = first_chunk * CHUNK_EVENTS
     while True:
         if stable:
@@ -159,7 +167,7 @@ def plan(deps: Deps, txn: lmdb.Transaction, key: bytes, run: Run, iteration: int
         if chosen is not None:
             break
         earlier = max(floor_chunk, first_chunk - (last_chunk - first_chunk + 1))
-        records = b"".join([txn.get(key + be32(c), db=counts) for c in range(earlier, first_chunk)] + [records])
+        records = count_chunks(txn, deps.db, key, earlier, first_chunk, then=records)
         first_chunk = earlier
         base = first_chunk * CHUNK_EVENTS
     start, mandatory, tokens, cap, prefix_in = chosen
@@ -178,36 +186,22 @@ def plan(deps: Deps, txn: lmdb.Transaction, key: bytes, run: Run, iteration: int
                 prefix_in), top
 
 
-def previous_window_record(txn: lmdb.Transaction, db: dict, key: bytes, iteration: int) -> dict | None:
-    """The newest window persisted for an iteration before ``iteration`` (so re-assembling an
-    old iteration, or a replay fork's, finds the same one); None when there is none. Read only:
-    the parsed record is shared with the assembly's other stages (clearing.window_record)."""
-    cursor = txn.cursor(db=db["windows"])
-    if cursor.set_range(key + be32(iteration)):
-        found = cursor.prev()
-    else:
-        found = cursor.last()
-    if not found or len(cursor.key()) != len(key) + 4 or not cursor.key().startswith(key):
-        return None
-    return window_record(cursor.value())
-
-
-def previous_window_start(txn: lmdb.Transaction, db: dict, key: bytes, iteration: int) -> tuple[int, int]:
+def previous_window_start(txn: Txn, db: dict, key: bytes, iteration: int) -> tuple[int, int]:
     """Where the run's window before ``iteration`` started: its first event's seq and how many
     summaries came before it; (-1, 0) when there is none. A cache-stable window keeps that start
     while everything fits."""
-    record = previous_window_record(txn, db, key, iteration)
+    record = previous_window(txn, db, key, iteration)
     if record is None:
         return -1, 0
-    return record["start"], len(record["summaries"])
+    return record.start, len(record.summaries)
 
 
-def host_events(txn: lmdb.Transaction, db: dict, key: bytes, run: Run, start: int, end: int) -> int:
+def host_events(txn: Txn, db: dict, key: bytes, run: Run, start: int, end: int) -> int:
     """How many of the host's events lie in ``[start, end)`` (the sidecar's own entries left out)."""
     return (end - start) - (log_entries_before(txn, db, key, run, end) - log_entries_before(txn, db, key, run, start))
 
 
-def summarized_events(txn: lmdb.Transaction, db: dict, key: bytes, run: Run, top: Summary | None,
+def summarized_events(txn: Txn, db: dict, key: bytes, run: Run, top: Summary | None,
                       prefix_in: int) -> int:
     """How many host events the newest ``prefix_in`` summaries of ``top``'s stack stand in for.
 
@@ -278,24 +272,17 @@ def clip_mandatory(counter: TokenCounter, events: list[StoredEvent], budget: int
     return clipped
 
 
-def persist(deps: Deps, txn: lmdb.Transaction, key: bytes, run: Run, iteration: int, chosen: Plan,
-            top: Summary | None, due: Compaction | None, context: dict) -> dict:
+def persist(deps: Deps, txn: Txn, key: bytes, run: Run, iteration: int, chosen: Plan,
+            top: Summary | None, due: Compaction | None, context: dict) -> WindowRecord:
     """Persist what ``chosen`` feeds for ``iteration`` (clipping what must be), with the
     compaction decision and the rest of the window's accounting (``context``); return the record."""
     db = deps.db
-    skip = log_entries_in(txn, db, key, chosen.start, chosen.end)
-    summaries = [[summary.index, summary.ref] for summary in newest_in_force(txn, db, key, top, chosen.prefix_in)]
     summarized = summarized_events(txn, db, key, run, top, chosen.prefix_in)
-    record: dict[str, Any] = {
-        "plan": chosen.identity(), "start": chosen.start, "end": chosen.end, "counter": chosen.token_counter,
-        "budget": chosen.budget, "tokens": chosen.tokens, "skip": skip, "clipped": [],
-        "summaries": summaries, "summarized": summarized,
-        "omitted": host_events(txn, db, key, run, 0, chosen.start) - summarized}
     # The events fed in another form (cleared, clipped on an earlier turn), as they are now: the
     # record names the forms, so the window reads back as fed whatever later turns change.
     forms = current_forms(txn, db, key, chosen.start, chosen.end)
-    if forms:
-        record["fed"] = [[form.seq, form.made_at] for form in forms.values()]
+    clipped: list[tuple[int, str, int]] = []
+    tokens = chosen.tokens
     if chosen.cap >= 0:
         # fastcore's cap knows counts only; the cap the events are clipped to also gives every
         # clip room for its marker (clip_mandatory). The counts of the clipped texts, not the
@@ -304,67 +291,66 @@ def persist(deps: Deps, txn: lmdb.Transaction, key: bytes, run: Run, iteration: 
         events = [decode_event(raw) for raw in read_records(txn, db, key, chosen.start, chosen.end)]
         events = [forms[event.seq].as_event(event) if event.seq in forms else event for event in events]
         clips = clip_mandatory(counter, [e for e in events if e.seq >= chosen.mandatory], chosen.budget)
-        total = 0
+        tokens = 0
         for event in events:
             text = clips.get(event.seq)
             if text is not None:
                 clipped_tokens = counter.count(text)
-                record["clipped"].append([event.seq, text, clipped_tokens])
-                total += clipped_tokens
+                clipped.append((event.seq, text, clipped_tokens))
+                tokens += clipped_tokens
             else:
-                total += event.tokens
-        record["tokens"] = total
-    if due is not None:
-        record["compaction"] = [due.due, list(due.candidate_ids), due.tokens_before, due.reason, due.said_under]
-    record["context"] = context
-    # Everything fed: the transcript as clipped, and what the sections and tools add to it.
-    record["window_tokens"] = record["tokens"] + context["fixed_tokens"]
-    txn.put(key + be32(iteration), dump_json(record), db=db["windows"])
+                tokens += event.tokens
+    record = WindowRecord(
+        chosen.identity(), chosen.start, chosen.end, chosen.token_counter, chosen.budget, tokens,
+        log_entries_in(txn, db, key, chosen.start, chosen.end), tuple(clipped),
+        tuple((summary.index, summary.ref) for summary in newest_in_force(txn, db, key, top, chosen.prefix_in)),
+        host_events(txn, db, key, run, 0, chosen.start) - summarized, summarized,
+        [[form.seq, form.made_at] for form in forms.values()] if forms else None, due, context,
+        # Everything fed: the transcript as clipped, and what the sections and tools add to it.
+        tokens + context["fixed_tokens"])
+    put_window(txn, db, key, iteration, record)
     if iteration > run.last_assembled:
         run.last_assembled = iteration
         save_run(txn, db, key, run)
     return record
 
 
-def from_record(deps: Deps, txn: lmdb.Transaction, key: bytes, run_id: str, iteration: int, record: dict,
+def from_record(deps: Deps, txn: Txn, key: bytes, run_id: str, iteration: int, record: WindowRecord,
                 with_ranges: bool = False) -> TranscriptWindow:
     db = deps.db
-    start, end = record["start"], record["end"]
+    start, end = record.start, record.end
     records = read_records(txn, db, key, start, end)
     ids = read_ids(txn, db, key, start, end)
     # The sidecar's own entries in the window (a few log entries) are cut out between slices, and
     # an event's position is its seq less the entries before it: no pass in Python per entry.
-    skip = sorted(record["skip"])
+    skip = sorted(record.skip)
     if skip:
         pieces = [(low + 1 - start, high - start) for low, high in zip([start - 1, *skip], [*skip, end])]
         records = list(chain.from_iterable(records[low:high] for low, high in pieces))
         ids = list(chain.from_iterable(ids[low:high] for low, high in pieces))
-    refs = [ref for _, ref in record["summaries"]]
+    refs = [ref for _, ref in record.summaries]
     clips = {}
-    fed = record.get("fed")
-    if record["clipped"] or fed:
+    if record.clipped or record.fed:
         def position_of(seq: int) -> int:
             return seq - start - bisect_left(skip, seq)
 
-        for form in forms_listed(txn, db, key, fed or []):
+        for form in forms_listed(txn, db, key, record.fed or []):
             clips[len(refs) + position_of(form.seq)] = Clip(form.text, form.tokens, form.original_tokens)
-        for seq, text, tokens in record["clipped"]:
+        for seq, text, tokens in record.clipped:
             position = position_of(seq)
             clips[len(refs) + position] = Clip(text, tokens, decode_event(records[position]).tokens)
     ranges: tuple[SummarizedRange, ...] = ()
     if with_ranges:
         ranges = tuple(SummarizedRange(s.ref, s.replaced_turns)
-                       for s in (load_summary(txn, db, key, index) for index, _ in record["summaries"]))
-    due = Compaction(record["compaction"][0], tuple(record["compaction"][1]), *record["compaction"][2:]) \
-        if "compaction" in record else Compaction(False)
-    summarized, omitted = record.get("summarized"), record["omitted"]
+                       for s in (load_summary(txn, db, key, index) for index, _ in record.summaries))
+    summarized, omitted = record.summarized, record.omitted
     if summarized is None:
         # Persisted before the two counts were apart: "omitted" then held every host event
         # before the window, the summarised ones too.
-        top = load_summary(txn, db, key, record["summaries"][-1][0]) if record["summaries"] else None
-        summarized = summarized_events(txn, db, key, load_run(txn, db, key), top, len(record["summaries"]))
+        top = load_summary(txn, db, key, record.summaries[-1][0]) if record.summaries else None
+        summarized = summarized_events(txn, db, key, require_run(txn, db, key, run_id), top, len(record.summaries))
         omitted -= summarized
     return TranscriptWindow(
-        run_id, iteration, record["counter"], record["budget"], record["tokens"], omitted,
-        refs + ids, read_artifacts(txn, db, key, refs) + records, clips, due, ranges, len(refs),
-        record.get("context"), record.get("window_tokens", record["tokens"]), summarized)
+        run_id, iteration, record.counter, record.budget, record.tokens, omitted,
+        refs + ids, read_artifacts(txn, db, key, refs) + records, clips, record.compaction or Compaction(False),
+        ranges, len(refs), record.context, record.fed_tokens, summarized)

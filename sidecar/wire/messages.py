@@ -23,7 +23,7 @@ from sidecar.context_window.state import Usage
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.storage.codec import StoredEvent
 from sidecar.tenant_events.log import Event
-from sidecar.transcript.transcripts import AgentStateView, AppendResult, NewEvent, RunSettings
+from sidecar.transcript.transcripts import AgentStateView, AppendResult, CompactionRecord, NewEvent, RunSettings
 from sidecar.transcript.window import TranscriptWindow
 
 
@@ -136,12 +136,12 @@ def cache_report_to(report: CacheReport) -> pb.CacheReport:
                           break_reason=report.break_reason)
 
 
-def compaction_record_to(record: dict) -> pb.CompactionRecord:
+def compaction_record_to(record: CompactionRecord) -> pb.CompactionRecord:
     return pb.CompactionRecord(
-        index=record["index"], task_id=record["task_id"], iteration=record["iteration"],
-        removed_event_ids=record["removed"], summary_ref=record["summary_ref"], tokens_before=record["tokens_before"],
-        tokens_after=record["tokens_after"], recorded_at=timestamp(record["recorded_ms"]),
-        summarised_by=record["by"], seq=record["seq"], kind=record.get("kind", "summary"))
+        index=record.index, task_id=record.task_id, iteration=record.iteration,
+        removed_event_ids=record.removed_event_ids, summary_ref=record.summary_ref, tokens_before=record.tokens_before,
+        tokens_after=record.tokens_after, recorded_at=timestamp(record.recorded_ms),
+        summarised_by=record.summarised_by, seq=record.seq, kind=record.kind)
 
 
 def stored_event_to(event: StoredEvent) -> pb.StoredEvent:

@@ -19,7 +19,7 @@ import pytest
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.storage.keys import be32
 from sidecar.text.fencing import KEYWORD, PREAMBLE, fence, is_fenced
-from sidecar.transcript.runs import run_key
+from sidecar.transcript.schema import run_key
 from tests.helpers import TENANT, call_error, ev
 
 BLOCK_HEAD = f'<{KEYWORD} source="tool">\n{PREAMBLE}\n'

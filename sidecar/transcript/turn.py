@@ -1,0 +1,320 @@
+"""The turn: one AssembleContext, from the turn's events to what the model is fed.
+
+A turn appends its events, keeps earlier clips and clears tool results (``clearing``), chooses
+and persists its window (``window``), decides compaction and may record the sidecar's own
+summary (``summaries``), and answers with the window, the sections around it, the request's
+cache report and, when asked for, the provider's request body. All of its writing happens in one
+transaction; the answer is built after the commit (a rendering needs no lock).
+
+Assembling again an iteration whose window is persisted writes nothing when it would feed the
+same: :meth:`Turn.as_persisted` answers from the record, read only, and the write path answers
+from it too when the log changed nothing the window is made of.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from sidecar.context_window import sections as context_window
+from sidecar.context_window.policy import HistoryEvent, SummariseInput, SummariseResult, TriggerInput
+from sidecar.context_window.rendering import HistoryItem
+from sidecar.context_window.run_context import RunContexts
+from sidecar.context_window.sections import CacheReport, HistoryCache, Layout, Section
+from sidecar.errors import Deadline, NotFound, PluginFailed, SidecarError
+from sidecar.settings import ClearingSettings, RenderSettings
+from sidecar.storage.codec import decode_event
+from sidecar.storage.environment import Store
+from sidecar.storage.keys import Txn
+from sidecar.transcript import clearing, forks
+from sidecar.transcript.log import AppendResult, LogWriter, NewEvent
+from sidecar.transcript.runs import SIDECAR_ID_PREFIX, Deps, Run, default_settings, load_run, require_run, save_run
+from sidecar.transcript.schema import Compaction, WindowRecord, previous_window, put_window, read_records, window_at
+from sidecar.transcript.summaries import (
+    Candidates,
+    Summary,
+    SummaryRequest,
+    candidates,
+    extractive_summary,
+    record_summary,
+    tokens_of,
+)
+from sidecar.transcript.window import Plan, TranscriptWindow, effective_budget, from_record, persist, plan
+
+
+@dataclass(frozen=True, slots=True)
+class AssembledContext:
+    """What one turn is fed: the transcript window and the sections around it."""
+
+    window: TranscriptWindow
+    sections: tuple[Section, ...]
+    prefix_sha256: str
+    prefix_changed: tuple[str, ...]
+    window_tokens: int
+    tools_tokens: int
+    turn_limit: int
+    task_id: str
+    rendered: str  # the provider request body, when one was asked for
+    cache: CacheReport  # what of it repeats the previous assembly's request
+
+
+@dataclass(frozen=True, slots=True)
+class TurnServices:
+    """What every turn uses: the store, the domain's shared parts, the run contexts, and the
+    history cache kept across turns."""
+
+    store: Store
+    deps: Deps
+    contexts: RunContexts
+    clearing: ClearingSettings
+    render: RenderSettings
+    history: HistoryCache
+
+
+@dataclass(frozen=True, slots=True)
+class Fed:
+    """A window as fed, and all its answer is built from."""
+
+    layout: Layout
+    window: TranscriptWindow
+    history: tuple[HistoryItem, ...]  # the window's entries as items (the cache state was computed from them)
+    cache: dict  # the request's cache state, in the form asked for
+
+
+class Turn:
+    """One AssembleContext of ``iteration`` in the run under ``key``: the request is validated
+    and its events sanitised already (``Transcripts.assemble``)."""
+
+    def __init__(self, services: TurnServices, key: bytes, run_id: str, iteration: int,
+                 max_transcript_tokens: int | None, render: str) -> None:
+        self._services, self._deps, self._db = services, services.deps, services.deps.db
+        self.key, self.run_id, self.iteration = key, run_id, iteration
+        self.max_transcript_tokens, self.render = max_transcript_tokens, render
+
+    def as_persisted(self) -> AssembledContext | None:
+        """The answer from the window persisted for the iteration, read only, when assembling it
+        again would feed the same; None when it must be chosen (again)."""
+        with self._services.store.read() as txn:
+            run = require_run(txn, self._db, self.key, self.run_id)
+            layout = self._services.contexts.layout(txn, self.key, run, self.run_id)
+            record = window_at(txn, self._db, self.key, self.iteration)
+            if record is None:
+                return None
+            tighter = _tighter(self.max_transcript_tokens, layout)
+            # An iteration before the last one assembled was fed as persisted, whatever came
+            # later: clearings and kept clips rewrite counts, so planning it again could differ.
+            settled = self.iteration < run.last_assembled and \
+                record.budget == effective_budget(self._deps, run, tighter)
+            if not settled and not _unchanged(plan(self._deps, txn, self.key, run, self.iteration, tighter)[0],
+                                              record, run):
+                return None
+            return self._answer(self._as_fed(txn, run, layout, record))
+
+    def assemble(self, events: Sequence[NewEvent], append: Callable[[LogWriter], list[AppendResult]],
+                 deadline: Deadline) -> tuple[AssembledContext, list[AppendResult]]:
+        """Append ``events`` (with ``append``, which counted them), choose and persist the window
+        and decide compaction: one transaction (none once ``deadline`` passed)."""
+        fed, appended = self._services.store.write(lambda txn: self._write(txn, events, append, deadline))
+        return self._answer(fed), appended
+
+    # -- in the turn's transaction ---------------------------------------------------------------
+
+    def _write(self, txn: Txn, events: Sequence[NewEvent], append: Callable[[LogWriter], list[AppendResult]],
+               deadline: Deadline) -> tuple[Fed, list[AppendResult]]:
+        run = load_run(txn, self._db, self.key)
+        if run is None:
+            if not events:
+                raise NotFound(f"run {self.run_id!r} not found")
+            run = Run(default_settings(self._deps.defaults))
+        writer = LogWriter(txn, self._db, self.key, run)
+        appended = append(writer) if events else []
+        deadline.check("while the events were appended")  # before the window, the costly stage
+        replayed = forks.at_assembly(self._deps, writer, self.iteration) if run.replay_pending else False
+        writer.flush()
+        layout = self._services.contexts.layout(txn, self.key, run, self.run_id)
+        limit = _tighter(self.max_transcript_tokens, layout)
+        refed, replayed = self._refeed(writer, limit, replayed)
+        chosen, top = plan(self._deps, txn, self.key, run, self.iteration, limit)
+        record = window_at(txn, self._db, self.key, self.iteration)
+        if record is not None and not refed and _unchanged(chosen, record, run):
+            return self._as_fed(txn, run, layout, record), appended
+        due = None
+        if run.settings.summarization:
+            chosen, top, due = self._decide_compaction(writer, layout, chosen, top, limit, replayed)
+        return self._persist(txn, run, layout, chosen, top, due), appended
+
+    def _refeed(self, writer: LogWriter, limit: int, replayed: bool) -> tuple[bool, bool]:
+        """Tool results cleared (and earlier clips kept) before the window is chosen, so the
+        choice weighs what is fed; a replay fork then reaches the source's summaries after them.
+        Whether the log changed, and whether a source's summary was recorded again."""
+        run = writer.run
+        refed = clearing.before_plan(self._deps, self._services.clearing, writer, self.iteration,
+                                     effective_budget(self._deps, run, limit))
+        if refed:
+            if run.replay_pending:
+                replayed = forks.at_assembly(self._deps, writer, self.iteration) or replayed
+            writer.flush()
+        return refed, replayed
+
+    def _decide_compaction(self, writer: LogWriter, layout: Layout, chosen: Plan, top: Summary | None, limit: int,
+                           replayed: bool) -> tuple[Plan, Summary | None, Compaction]:
+        """The compaction signal; when the sidecar summarises itself, its summary recorded and the
+        window chosen again over it (the plan, the summary in force and the signal then)."""
+        txn, run = writer.txn, writer.run
+        due, choice = self._compaction(txn, run, chosen, top, layout)
+        text, by = self._own_summary(txn, run, replayed, due, choice, chosen)
+        if not text:
+            return chosen, top, due
+        try:
+            record_summary(self._deps, writer, SummaryRequest(self.iteration, due.candidate_ids, text, ""), by)
+        except SidecarError as error:
+            if by != "plugin":
+                raise
+            raise PluginFailed(f"plugin {self._services.contexts.policy.name!r}: compaction.summarise gave a "
+                               f"summary RecordSummary refuses: {error.message}") from None
+        writer.flush()
+        chosen, top = plan(self._deps, txn, self.key, run, self.iteration, limit)
+        due, _ = self._compaction(txn, run, chosen, top, layout, summarise=False)
+        return chosen, top, due
+
+    def _persist(self, txn: Txn, run: Run, layout: Layout, chosen: Plan, top: Summary | None,
+                 due: Compaction | None) -> Fed:
+        """Persist the window chosen, with the sections' accounting and the request's cache state."""
+        changed = context_window.prefix_changed(layout, run.fed_prefix)
+        fed_before = run.fed_prefix
+        run.fed_prefix = dict(layout.parts)
+        context = {"digests": [run.profile_digest, run.task_digest], "prefix": layout.prefix_sha256,
+                   "changed": list(changed), "fixed_tokens": layout.fixed_tokens, "limit": layout.turn_limit,
+                   "task_id": layout.task_id}
+        record = persist(self._deps, txn, self.key, run, self.iteration, chosen, top, due, context)
+        if run.fed_prefix != fed_before:
+            save_run(txn, self._db, self.key, run)
+        window = from_record(self._deps, txn, self.key, self.run_id, self.iteration, record)
+        history = self._services.history.items(window, (self.key, run.incarnation))
+        # What the next turn compares with is persisted with the window, in its context (the
+        # record's and the window's): each part's key and tokens, not its text.
+        cache = context["cache"] = self._cache_state(txn, layout, window, history)
+        put_window(txn, self._db, self.key, self.iteration, record)
+        return Fed(layout, window, history, cache)
+
+    def _as_fed(self, txn: Txn, run: Run, layout: Layout, record: WindowRecord) -> Fed:
+        """The window persisted for the iteration, fed again as it was."""
+        window = from_record(self._deps, txn, self.key, self.run_id, self.iteration, record)
+        history = self._services.history.items(window, (self.key, run.incarnation))
+        return Fed(layout, window, history, self._cache_of(txn, layout, window, history))
+
+    # -- the cache report ---------------------------------------------------------------------
+
+    def _cache_state(self, txn: Txn, layout: Layout, window: TranscriptWindow,
+                     history: tuple[HistoryItem, ...]) -> dict:
+        """The request's cache state in the form ``render``, against the previous assembly's
+        (the window persisted for the newest earlier iteration; none: a first turn)."""
+        previous = previous_window(txn, self._db, self.key, self.iteration)
+        return context_window.cache_state(self.render, layout, window, history,
+                                          tuple((window.context or {}).get("changed", ())),
+                                          previous.cache if previous else None)
+
+    def _cache_of(self, txn: Txn, layout: Layout, window: TranscriptWindow,
+                  history: tuple[HistoryItem, ...]) -> dict:
+        """A persisted window's cache state: as persisted when of the form ``render``, else
+        computed for that form (and not persisted: the window's first form stays the record's)."""
+        stored = (window.context or {}).get("cache")
+        if stored is not None and stored["form"] == self.render:
+            return stored
+        return self._cache_state(txn, layout, window, history)
+
+    # -- compaction ---------------------------------------------------------------------------
+
+    def _compaction(self, txn: Txn, run: Run, chosen: Plan, top: Summary | None, layout: Layout,
+                    summarise: bool = True) -> tuple[Compaction, SummariseResult | None]:
+        """The policy's decision: whether compaction is due (trigger), and what to summarise."""
+        policy = self._services.contexts.policy
+        found = candidates(self._deps, txn, self.key, run, self.iteration, chosen.budget, top, chosen.end)
+        if "history" in layout.kept:  # the policy keeps the history whole: nothing to summarise
+            return Compaction(False), None
+        fraction = self._deps.defaults.compaction_fraction
+        due = policy.trigger(TriggerInput(
+            self.iteration, layout.task_id, chosen.tokens + layout.fixed_tokens, layout.turn_limit,
+            found.unsummarised, chosen.budget, fraction, found.since_summary if top else None))
+        if not due:
+            return Compaction(False), None
+        if not found.ids or found.protected > fraction * chosen.budget:
+            # Asking every turn could not help (nothing may be summarised, or what may not alone passes
+            # the trigger, so no summary brings the transcript under it): say why once (until another
+            # summary is recorded).
+            under = top.index if top else -1
+            previous = previous_window(txn, self._db, self.key, self.iteration)
+            said = previous is not None and previous.compaction is not None and \
+                previous.compaction.said_under == under
+            return Compaction(False, reason="" if said else _nothing_to_summarise(found, run, chosen.budget, fraction),
+                              said_under=under), None
+        if not summarise:
+            return Compaction(True, found.ids, found.tokens_before), None
+        choice = policy.summarise(SummariseInput(
+            self.iteration, layout.task_id, run.settings.summarization_strategy, top.ref if top else "", found.ids,
+            chosen.budget, lambda: self._summarisable(txn, found)))
+        if choice.replace_ids == found.ids:
+            return Compaction(True, found.ids, found.tokens_before), choice
+        return Compaction(True, choice.replace_ids, tokens_of(self._deps, txn, self.key, top, choice.replace_ids)), \
+            choice
+
+    def _summarisable(self, txn: Txn, found: Candidates) -> tuple[HistoryEvent, ...]:
+        events = (decode_event(record) for record in read_records(txn, self._db, self.key, found.floor, found.protect))
+        return tuple(HistoryEvent(e.event_id, e.role, e.type, e.iteration, e.call_id, e.content, e.tokens)
+                     for e in events if not e.event_id.startswith(SIDECAR_ID_PREFIX))
+
+    def _own_summary(self, txn: Txn, run: Run, replayed: bool, due: Compaction, choice: SummariseResult | None,
+                     chosen: Plan) -> tuple[str | None, str]:
+        """The summary the sidecar records itself, and who made it: the plugin's, or the built-in
+        summariser's when configured. Only at an iteration's first assembly, on a run that counts
+        its own tokens and is not replaying a source's summaries; otherwise the host summarises."""
+        if not (due.due and due.candidate_ids and run.settings.token_counter != "host-defined"
+                and self.iteration > run.last_assembled and not run.replay_pending and not replayed):
+            return None, ""
+        if choice is not None and choice.text is not None:
+            return choice.text, "plugin"
+        if self._deps.defaults.summariser == "extractive":
+            return extractive_summary(self._deps, txn, self.key, run, due.candidate_ids, due.tokens_before,
+                                      chosen.budget), "built-in"
+        return None, ""
+
+    # -- the answer ---------------------------------------------------------------------------
+
+    def _answer(self, fed: Fed) -> AssembledContext:
+        rendered = context_window.render(self.render, fed.layout, fed.history, fed.cache,
+                                         self._services.render.openai_prompt_cache_retention) if self.render else ""
+        return _assembled(fed.layout, fed.window, self.render, rendered, fed.cache)
+
+
+def _nothing_to_summarise(found: Candidates, run: Run, budget: int, fraction: float) -> str:
+    trigger = int(fraction * budget)
+    if found.protected > trigger:
+        return (f"protected_turns_exceed_trigger: the active turn and the verbatim floor (keep_last_turns "
+                f"{run.settings.keep_last_turns}, keep_last_tokens {run.settings.keep_last_tokens}) hold "
+                f"{found.protected} tokens, over the compaction trigger of {trigger} ([context] compaction_fraction "
+                f"{fraction} of the budget {budget}), so no summary of older turns brings the transcript under it. "
+                f"The window still keeps within its budget; for summaries to help, give the run a larger budget or "
+                f"keep fewer turns")
+    return (f"nothing_summarisable: {found.unsummarised} unsummarised tokens pass the compaction trigger of "
+            f"{trigger}, but every older event belongs to a tool call whose results lie in the protected turns")
+
+
+def _tighter(max_transcript_tokens: int | None, layout: Layout) -> int:
+    """The transcript budget's tightest cap: the call's, and what the turn limit leaves it."""
+    return min(max_transcript_tokens or layout.transcript_room, layout.transcript_room)
+
+
+def _unchanged(chosen: Plan, record: WindowRecord, run: Run) -> bool:
+    """The persisted window is what this assembly would feed: the same transcript plan, over
+    the same profile and task."""
+    return chosen.same_as(record) and record.context is not None and \
+        record.context["digests"] == [run.profile_digest, run.task_digest]
+
+
+def _assembled(layout: Layout, window: TranscriptWindow, render: str, rendered: str, cache: dict) -> AssembledContext:
+    context = window.context or {}
+    return AssembledContext(
+        window, tuple(context_window.sections(layout, window, with_text=not render)), context.get("prefix", ""),
+        tuple(context.get("changed", ())), window.window_tokens, layout.profile.tools_tokens,
+        context.get("limit", layout.turn_limit), context.get("task_id", layout.task_id),
+        rendered, context_window.cache_report(cache))

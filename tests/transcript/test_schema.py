@@ -1,0 +1,69 @@
+"""The transcript area's typed records keep the stored JSON as it was, byte for byte, and read
+records of every earlier layout."""
+
+from __future__ import annotations
+
+import json
+
+from sidecar.storage.codec import dump_json
+from sidecar.transcript.schema import Compaction, CompactionRecord, WindowRecord, form_key, name_key, numbered_key
+
+
+def _window_as_persisted() -> dict:
+    """A window record as ``window.persist`` wrote it before it was typed: a dict dumped whole."""
+    return {
+        "plan": ["o200k_base", 800, 3, 12, 40, 1, 1], "start": 3, "end": 12, "counter": "o200k_base", "budget": 800,
+        "tokens": 640, "skip": [7], "clipped": [[11, "head … tail", 40]], "summaries": [[1, "sidecar:summary:1:ab"]],
+        "summarized": 3, "omitted": 0, "fed": [[4, 9], [5, 9]],
+        "compaction": [False, [], 0, "nothing_summarisable: …", 1],
+        "context": {"digests": ["", "d"], "prefix": "p", "changed": [], "fixed_tokens": 52, "limit": 128000,
+                    "task_id": "t", "cache": {"form": "", "report": [0, 0, "first_turn"]}},
+        "window_tokens": 692}
+
+
+def test_a_window_record_encodes_as_it_was_stored() -> None:
+    stored = dump_json(_window_as_persisted())
+    record = WindowRecord.parse(stored)
+    assert record.encode() == stored
+    assert record.plan == ("o200k_base", 800, 3, 12, 40, 1, 1)
+    assert record.clipped == ((11, "head … tail", 40),)
+    assert record.compaction == Compaction(False, (), 0, "nothing_summarisable: …", 1)
+    assert record.fed_tokens == 692 and record.cache == {"form": "", "report": [0, 0, "first_turn"]}
+
+
+def test_a_window_record_of_an_earlier_layout_still_reads() -> None:
+    # Before sections, the reason and the summarised count: no context, window_tokens,
+    # summarized or fed, and a compaction decision of three fields.
+    value = _window_as_persisted()
+    for name in ("context", "window_tokens", "summarized", "fed"):
+        del value[name]
+    value["compaction"] = [True, ["e1", "e2"], 120]
+    record = WindowRecord.parse(dump_json(value))
+    assert record.compaction == Compaction(True, ("e1", "e2"), 120)
+    assert (record.summarized, record.fed, record.context) == (None, None, None)
+    assert record.fed_tokens == 640 and record.cache is None
+    without_decision = dict(value)
+    del without_decision["compaction"]
+    assert WindowRecord.parse(dump_json(without_decision)).encode() == dump_json(without_decision)
+
+
+def test_a_compaction_record_encodes_as_it_was_stored() -> None:
+    stored = dump_json({"index": 2, "task_id": "t", "iteration": 5, "recorded_ms": 1700000000000, "seq": 40,
+                        "kind": "cleared", "removed": ["r1", "r2"], "summary_ref": "", "tokens_before": 900,
+                        "tokens_after": 60, "by": "built-in"})
+    record = CompactionRecord.parse(stored)
+    assert record.encode() == stored
+    assert (record.removed_event_ids, record.summarised_by) == (("r1", "r2"), "built-in")
+
+
+def test_a_compaction_record_made_before_clearings_is_a_summary() -> None:
+    value = {"index": 0, "task_id": "t", "iteration": 3, "recorded_ms": 1, "seq": 9, "removed": ["e1"],
+             "summary_ref": "sidecar:summary:0:ab", "tokens_before": 300, "tokens_after": 40, "by": "host"}
+    assert CompactionRecord.from_json(json.loads(dump_json(value))).kind == "summary"
+
+
+def test_keys_are_the_run_key_then_a_big_endian_number_or_a_name() -> None:
+    key = b"tenant\0run\0"
+    assert numbered_key(key, 258) == key + b"\0\0\x01\x02"
+    assert name_key(key, "é") == key + "é".encode()
+    assert form_key(key, 1, 2) == key + b"\0\0\0\x01\0\0\0\x02"
