@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One entry point for a fresh machine with python3 (>= 3.11), gcc and node (>= 20):
 #   ./dev.sh serve [flags]   set up, then run the sidecar (127.0.0.1:50051, LMDB in ./data)
-#   ./dev.sh test            set up, then run every test: Python, then the Node.js client's
+#   ./dev.sh test            set up, then lint (ruff), type-check (mypy) and run every test: Python, then Node.js
 #   ./dev.sh bench [name] [args]  set up, then run benchmarks/<name>.py (default turn_latency)
 #   ./dev.sh setup           only set up: .venv with the package installed (fastcore compiled)
 set -euo pipefail
@@ -36,6 +36,8 @@ case "$command" in
   test)
     setup_python
     setup_node
+    "$VENV/bin/ruff" check .
+    "$VENV/bin/mypy"
     "$VENV/bin/python" -m pytest "$@"
     # The Node.js test starts its own sidecar with the python on PATH: the venv's.
     (cd clients/node && PATH="$PWD/../../$VENV/bin:$PATH" npm test) ;;
