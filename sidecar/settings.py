@@ -241,7 +241,7 @@ SECTIONS: dict[str, type] = {
     "memory.compaction": MemoryCompactionSettings, "redaction": RedactionSettings}
 _TENANT_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
-_TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # as eventlog.TOOL_NAME, which imports this module
+_TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # as transcript.log.TOOL_NAME, which imports this module
 
 _SIZE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB|TiB)?\s*$")
 _SIZE_UNITS = {None: 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}

@@ -13,8 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from sidecar.context_window import schema
-from sidecar.context_window import state as agent_state
+from sidecar.context_window import schema, state
 from sidecar.context_window.policy import Policy
 from sidecar.context_window.profiles import (
     STATIC_PARTS,
@@ -203,10 +202,10 @@ class RunContexts:
 
     def put_state_data(self, tenant: str, run_id: str, subset: str, json_text: str) -> None:
         key = run_key(tenant, run_id)
-        agent_state.check_subset(subset)
+        state.check_subset(subset)
         refuse_secrets(self._redactor.redacting(tenant, run_id), [("subset", subset)])
         # Validated as redacted: the schema checks what is stored, and its messages echo no secret.
-        value = agent_state.parse_value(json_text, self._defaults.max_event_bytes,
+        value = state.parse_value(json_text, self._defaults.max_event_bytes,
                                         self._redactor.redacting(tenant, run_id))
         if value is not None:
             self.schemas.check(subset, value)
@@ -233,13 +232,13 @@ class RunContexts:
 
         def write(txn: Txn) -> Usage:
             require_run(txn, self._db, key, run_id)
-            return agent_state.record_usage(txn, self._db, key, run_id, iteration, input_tokens, cached_tokens,
+            return state.record_usage(txn, self._db, key, run_id, iteration, input_tokens, cached_tokens,
                                             output_tokens, now_ms, cache_read_input_tokens, cache_creation_input_tokens)
 
         return self._store.write(write)
 
     def last_usage(self, txn: Txn, key: bytes) -> Usage | None:
-        return agent_state.last_usage(txn, self._db, key)
+        return state.last_usage(txn, self._db, key)
 
 
 class _Memo:

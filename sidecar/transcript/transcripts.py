@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from sidecar.context_window import sections as context_window
+from sidecar.context_window import sections
 from sidecar.context_window.profiles import Profile, Task
 from sidecar.context_window.run_context import RunContexts
 from sidecar.context_window.sections import HistoryCache, Section
@@ -232,7 +232,7 @@ class Transcripts:
         check_at_least("iteration", iteration, 1)
         if max_transcript_tokens is not None:
             check_at_least("max_transcript_tokens", max_transcript_tokens, 1)
-        context_window.check_render(render)
+        sections.check_render(render)
         check_request_size("append_events", [e.content for e in new_events], self._deps.defaults)
         events = self._sanitised(tenant, run_id,
                                  prepare_events(new_events, "append_events", self._deps.defaults, turn=iteration),

@@ -16,8 +16,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from sidecar.context_window import sections as context_window
+from sidecar.context_window import sections
 from sidecar.context_window.policy import HistoryEvent, SummariseInput, SummariseResult, TriggerInput
+from sidecar.context_window.profiles import HISTORY
 from sidecar.context_window.rendering import HistoryItem
 from sidecar.context_window.run_context import RunContexts
 from sidecar.context_window.sections import CacheReport, HistoryCache, Layout, Section
@@ -180,7 +181,7 @@ class Turn:
     def _persist(self, txn: Txn, run: Run, layout: Layout, chosen: Plan, top: Summary | None,
                  due: Compaction | None) -> Fed:
         """Persist the window chosen, with the sections' accounting and the request's cache state."""
-        changed = context_window.prefix_changed(layout, run.fed_prefix)
+        changed = sections.prefix_changed(layout, run.fed_prefix)
         fed_before = run.fed_prefix
         run.fed_prefix = dict(layout.parts)
         context = {"digests": [run.profile_digest, run.task_digest], "prefix": layout.prefix_sha256,
@@ -210,7 +211,7 @@ class Turn:
         """The request's cache state in the form ``render``, against the previous assembly's
         (the window persisted for the newest earlier iteration; none: a first turn)."""
         previous = previous_window(txn, self._db, self.key, self.iteration)
-        return context_window.cache_state(self.render, layout, window, history,
+        return sections.cache_state(self.render, layout, window, history,
                                           tuple((window.context or {}).get("changed", ())),
                                           previous.cache if previous else None)
 
@@ -230,7 +231,7 @@ class Turn:
         """The policy's decision: whether compaction is due (trigger), and what to summarise."""
         policy = self._services.contexts.policy
         found = candidates(self._deps, txn, self.key, run, self.iteration, chosen.budget, top, chosen.end)
-        if "history" in layout.kept:  # the policy keeps the history whole: nothing to summarise
+        if HISTORY in layout.kept:  # the policy keeps the history whole: nothing to summarise
             return Compaction(False), None
         fraction = self._deps.defaults.compaction_fraction
         due = policy.trigger(TriggerInput(
@@ -281,7 +282,7 @@ class Turn:
     # -- the answer ---------------------------------------------------------------------------
 
     def _answer(self, fed: Fed) -> AssembledContext:
-        rendered = context_window.render(self.render, fed.layout, fed.history, fed.cache,
+        rendered = sections.render(self.render, fed.layout, fed.history, fed.cache,
                                          self._services.render.openai_prompt_cache_retention) if self.render else ""
         return _assembled(fed.layout, fed.window, self.render, rendered, fed.cache)
 
@@ -314,7 +315,7 @@ def _unchanged(chosen: Plan, record: WindowRecord, run: Run) -> bool:
 def _assembled(layout: Layout, window: TranscriptWindow, render: str, rendered: str, cache: dict) -> AssembledContext:
     context = window.context or {}
     return AssembledContext(
-        window, tuple(context_window.sections(layout, window, with_text=not render)), context.get("prefix", ""),
+        window, tuple(sections.sections(layout, window, with_text=not render)), context.get("prefix", ""),
         tuple(context.get("changed", ())), window.window_tokens, layout.profile.tools_tokens,
         context.get("limit", layout.turn_limit), context.get("task_id", layout.task_id),
-        rendered, context_window.cache_report(cache))
+        rendered, sections.cache_report(cache))

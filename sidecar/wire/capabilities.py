@@ -11,7 +11,7 @@ from typing import Any
 from sidecar.context_window.profiles import SKILL_PREFIX, STATIC_SECTIONS, TASK_SECTIONS, TRANSCRIPT_SECTIONS
 from sidecar.context_window.sections import RENDERINGS
 from sidecar.settings import ContextSettings, MemoryCompactionSettings, MemorySettings
-from sidecar.text import fencing as untrusted
+from sidecar.text import fencing
 
 EXECUTION_MODEL_VERSION = 5  # RFC 0061's stateful loop, which contextBudget is gated on
 
@@ -52,7 +52,7 @@ def capability_document(context: ContextSettings, memory: MemorySettings,
         "compactionHooks": hooks or {"trigger": "built-in", "keep": "built-in", "summarise": "built-in"},
         "stateSchemas": state_subsets or [],
         # How untrusted content is fed: <tag source="...">, the preamble line, the content, </tag>.
-        "untrustedBlock": {"tag": untrusted.KEYWORD, "preamble": untrusted.PREAMBLE},
+        "untrustedBlock": {"tag": fencing.KEYWORD, "preamble": fencing.PREAMBLE},
     }
     if context.turn_budget_tokens:
         context_window["turnBudgetTokens"] = context.turn_budget_tokens

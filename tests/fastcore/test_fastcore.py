@@ -1,6 +1,6 @@
 """fastcore, the compiled hot path, against its pure-Python twin and against the rules themselves.
 
-The twin (``fastcore._reference``) is the readable specification; the brute-force oracle below
+The twin (``fastcore._fastcore_reference``) is the readable specification; the brute-force oracle below
 restates the window rules from scratch (smallest valid cut), so a bug shared by both
 implementations still fails here.
 """
