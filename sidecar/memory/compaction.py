@@ -30,7 +30,7 @@ from sidecar.memory.index import terms
 from sidecar.memory.schema import CompactionRecord, MemoryDatabases
 from sidecar.settings import MemoryCompactionSettings
 from sidecar.storage.keys import Txn, scope
-from sidecar.tenant_events.log import Event, EventLog, timestamp
+from sidecar.tenant_events.log import Event, TenantEventLog, timestamp
 from sidecar.text.counting import TokenCounter
 from sidecar.validation import check_at_least, check_id
 
@@ -91,7 +91,7 @@ def distil(counter: TokenCounter, sources: Sequence[Source], token_budget: int, 
 
 
 class Compactor:
-    def __init__(self, memories: Memories, events: EventLog, settings: MemoryCompactionSettings) -> None:
+    def __init__(self, memories: Memories, events: TenantEventLog, settings: MemoryCompactionSettings) -> None:
         self._memories = memories
         self._db = MemoryDatabases(memories.store)
         self._events = events

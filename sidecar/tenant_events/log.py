@@ -72,7 +72,7 @@ class Watch:
                                   metadata={"last_seq": str(last_seq)})
 
 
-class EventLog:
+class TenantEventLog:
     def __init__(self, store: Store) -> None:
         self._store = store
         self._db = EventDatabase(store)

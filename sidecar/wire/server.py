@@ -26,7 +26,7 @@ from sidecar.memory.compaction import BackgroundJob, Compactor
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.settings import ConfigError, Settings
 from sidecar.storage.environment import Store
-from sidecar.tenant_events.log import EventLog
+from sidecar.tenant_events.log import TenantEventLog
 from sidecar.text.counting import Counters
 from sidecar.text.redaction import Redactor
 from sidecar.transcript.transcripts import Transcripts
@@ -47,7 +47,7 @@ class Services:
     transcripts: Transcripts
     memories: Memories
     redactor: Redactor
-    events: EventLog
+    events: TenantEventLog
     compactor: Compactor | None  # the memory compactor; None: [memory.compaction] is off
 
     @classmethod
@@ -64,7 +64,7 @@ class Services:
     def build(cls, settings: Settings, store: Store, counters: Counters) -> Services:
         redactor = Redactor(settings.redaction.detectors)
         memories = Memories(store, counters, settings.memory, redactor)
-        events = EventLog(store)
+        events = TenantEventLog(store)
         memory_compactor = (Compactor(memories, events, settings.memory_compaction)
                             if settings.memory_compaction.enabled else None)
         try:

@@ -19,7 +19,7 @@ from sidecar.memory.api import ListRequest, Memories
 from sidecar.memory.compaction import Compactor
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
-from sidecar.tenant_events.log import EventLog
+from sidecar.tenant_events.log import TenantEventLog
 from sidecar.text.redaction import Redactor
 from sidecar.transcript.transcripts import SummaryRequest, Transcripts
 from sidecar.validation import check_at_least, page_size
@@ -34,7 +34,7 @@ class ContextSidecarServicer(pb_grpc.ContextSidecarServicer):
     tenant's events, the redactor), and the answer as protobuf or spliced bytes."""
 
     def __init__(self, transcripts: Transcripts, memories: Memories, memory_compactor: Compactor | None,
-                 events: EventLog, redactor: Redactor, capabilities: dict,
+                 events: TenantEventLog, redactor: Redactor, capabilities: dict,
                  tenant_of: Callable[[grpc.ServicerContext], str]) -> None:
         self._transcripts = transcripts
         self._run_contexts = transcripts.contexts
