@@ -36,9 +36,7 @@ import lmdb
 
 from sidecar.storage.codec import dump_json, encode_memory, load_json
 from sidecar.storage.environment import Store
-from sidecar.storage.keys import Txn, be32, records_under
-
-Database = lmdb._Database  # a handle of one named database, as the stubs call it
+from sidecar.storage.keys import Db, Txn, be32, records_under
 
 DOC = struct.Struct("<IqqH")  # tokens, created ms, expires ms (0: never), id length; then id, tags
 POSTING = struct.Struct("<IHH")  # ordinal, tf, dl
@@ -136,8 +134,8 @@ def _compaction_key(key: bytes, source_ids: Sequence[str]) -> bytes:
     return key + hashlib.sha256("\0".join(sorted(source_ids)).encode("utf-8")).digest()[:16]
 
 
-def _cursor(txn: Txn, db: Database) -> lmdb.Cursor[bytes]:
-    return cast("lmdb.Cursor[bytes]", txn.cursor(db=db))
+def _cursor(txn: Txn, db: Db) -> lmdb.Cursor[bytes]:
+    return txn.cursor(db=db)
 
 
 class MemoryDatabases:
@@ -146,19 +144,19 @@ class MemoryDatabases:
 
     def __init__(self, store: Store) -> None:
         handles = store.handles("memory")
-        self._entries = cast(Database, handles["mem_entries"])
-        self._docs = cast(Database, handles["mem_docs"])
-        self._df = cast(Database, handles["mem_df"])
-        self._postings = cast(Database, handles["mem_postings"])
-        self._vectors = cast(Database, handles["mem_vectors"])
-        self._meta = cast(Database, handles["mem_meta"])
-        self._expiry = cast(Database, handles["mem_expiry"])
-        self._compactions = cast(Database, handles["mem_compactions"])
+        self._entries = handles["mem_entries"]
+        self._docs = handles["mem_docs"]
+        self._df = handles["mem_df"]
+        self._postings = handles["mem_postings"]
+        self._vectors = handles["mem_vectors"]
+        self._meta = handles["mem_meta"]
+        self._expiry = handles["mem_expiry"]
+        self._compactions = handles["mem_compactions"]
 
     # -- mem_meta -------------------------------------------------------------------------------
 
     def meta(self, txn: Txn, key: bytes) -> Meta:
-        return Meta.load(cast("bytes | None", txn.get(key, db=self._meta)))
+        return Meta.load(txn.get(key, db=self._meta))
 
     def put_meta(self, txn: Txn, key: bytes, meta: Meta) -> None:
         txn.put(key, meta.record(), db=self._meta)
@@ -173,7 +171,7 @@ class MemoryDatabases:
 
     def entry(self, txn: Txn, key: bytes, entry_id: str) -> tuple[int, bytes] | None:
         """(ordinal, record) of an entry, or None."""
-        stored = cast("bytes | None", txn.get(key + entry_id.encode("utf-8"), db=self._entries))
+        stored = txn.get(key + entry_id.encode("utf-8"), db=self._entries)
         return None if stored is None else (int.from_bytes(stored[:4], "big"), stored[4:])
 
     def entry_record(self, txn: Txn, key: bytes, entry_id: str) -> bytes:
@@ -262,7 +260,7 @@ class MemoryDatabases:
 
     def term(self, txn: Txn, term_key: bytes) -> tuple[int, int, bytes] | None:
         """(df, sealed postings, open chunk) of a term, or None when the index has no record of it."""
-        stored = cast("bytes | None", txn.get(term_key, db=self._df))
+        stored = txn.get(term_key, db=self._df)
         if stored is None:
             return None
         df, sealed = TERM_HEAD.unpack_from(stored)
@@ -292,7 +290,7 @@ class MemoryDatabases:
     # -- mem_compactions ------------------------------------------------------------------------
 
     def compaction(self, txn: Txn, key: bytes, source_ids: Sequence[str]) -> CompactionRecord | None:
-        data = cast("bytes | None", txn.get(_compaction_key(key, source_ids), db=self._compactions))
+        data = txn.get(_compaction_key(key, source_ids), db=self._compactions)
         return None if data is None else CompactionRecord.load(data)
 
     def put_compaction(self, txn: Txn, key: bytes, source_ids: Sequence[str], record: CompactionRecord) -> None:

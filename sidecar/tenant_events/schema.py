@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import Any, cast
-
-import lmdb
+from typing import Any
 
 from sidecar.storage.environment import Store
 from sidecar.storage.keys import Txn, last_under, records_under, scope
@@ -23,7 +21,7 @@ class EventDatabase:
     """Typed reads and writes of the tenants' kept events."""
 
     def __init__(self, store: Store) -> None:
-        self._events = cast(lmdb._Database, store.handles("tenant_events")["tenant_events"])
+        self._events = store.handles("tenant_events")["tenant_events"]
 
     def last_seq(self, txn: Txn, tenant: str) -> int:
         """The tenant's last event's seq; 0 before its first."""

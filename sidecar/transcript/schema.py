@@ -38,13 +38,12 @@ from typing import TYPE_CHECKING, cast
 
 import fastcore
 from sidecar.storage.codec import ID_SEPARATOR, StoredEvent, decode_event, decode_id_index, dump_json, load_json
-from sidecar.storage.keys import Txn, be32, records_under, scope
+from sidecar.storage.keys import Db, Txn, be32, records_under, scope
 from sidecar.validation import check_id, page_within_bytes
 
 if TYPE_CHECKING:
     import lmdb
 
-    Handle = lmdb._Database  # a database's handle, as Store.handles gives it
 
 # 128 packed records are 1.5 KiB: small enough to stay inline in an LMDB leaf page, so an append
 # rewrites one page instead of a chain of overflow pages (measured: ~15% off a durable turn).
@@ -80,15 +79,15 @@ def form_key(key: bytes, seq: int, made_at: int) -> bytes:
 # The store opens its transactions with lmdb's default buffers=False, so every value and key read
 # is bytes (lmdb's stubs say ``bytes | memoryview`` for the buffers=True case).
 
-def _get(txn: Txn, handle: Handle, key: bytes) -> bytes | None:
-    return cast("bytes | None", txn.get(key, db=handle))
+def _get(txn: Txn, handle: Db, key: bytes) -> bytes | None:
+    return txn.get(key, db=handle)
 
 
-def _cursor(txn: Txn, handle: Handle) -> lmdb.Cursor[bytes]:
-    return cast("lmdb.Cursor[bytes]", txn.cursor(db=handle))
+def _cursor(txn: Txn, handle: Db) -> lmdb.Cursor[bytes]:
+    return txn.cursor(db=handle)
 
 
-def _stored(txn: Txn, handle: Handle, key: bytes, what: str) -> bytes:
+def _stored(txn: Txn, handle: Db, key: bytes, what: str) -> bytes:
     """A record the run's other records say is there."""
     data = _get(txn, handle, key)
     if data is None:
@@ -243,7 +242,7 @@ def iteration_start(txn: Txn, db: dict, key: bytes, iteration: int) -> int | Non
     return None
 
 
-def copy_under(txn: Txn, handle: Handle, source_key: bytes, fork_key: bytes,
+def copy_under(txn: Txn, handle: Db, source_key: bytes, fork_key: bytes,
                wanted: Callable[[bytes, bytes], bool]) -> list[bytes]:
     """Copy the source's records of one database that ``wanted(key suffix, value)`` accepts; their
     key suffixes."""
