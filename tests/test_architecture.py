@@ -298,6 +298,43 @@ def undocumented_errors(root: Path) -> list[str]:
             if isinstance(code, str) and code and code not in documented]  # no code at all: the class rule's
 
 
+# f. The layout map: docs/layout.md names every module where it is, and names nothing that is not.
+
+def mapped_files(text: str) -> set[str]:
+    """The files a layout map names: a line starting with a folder (``sidecar/wire/``) opens it for
+    the indented names below it; a path at the start of a line names itself."""
+    named, folder = set(), ""
+    for line in text.splitlines():
+        if line and not line[0].isspace():
+            first = line.split()[0]
+            folder = first if first.endswith("/") else ""
+            names = re.findall(r"[\w./]+\.pyx?\b", line[len(first):]) if folder else []
+            named |= {first} if re.fullmatch(r"[\w./]+\.pyx?", first) else set()
+        else:
+            names = re.findall(r"[\w./]+\.pyx?\b", line)
+        named |= {name if "/" in name else folder + name for name in names if folder}  # a/b.py: a path
+    return named
+
+
+def maps_in(page: Path) -> set[str]:
+    """The files named by the page's plain code blocks (those with no language: the maps)."""
+    blocks = re.findall(r"^```(\w*)\n(.*?)^```", page.read_text(encoding="utf-8"), re.MULTILINE | re.DOTALL)
+    return set().union(set(), *(mapped_files(block) for language, block in blocks if not language))
+
+
+def layout_map_violations(root: Path) -> list[str]:
+    page = root / "docs" / "layout.md"
+    if not page.is_file():
+        return ["docs/layout.md is missing: the layout map lives there"]
+    named = maps_in(page)
+    modules = {path.relative_to(root).as_posix() for folder in ("sidecar", "fastcore")
+               for path in (root / folder).rglob("*.py*") if path.suffix in (".py", ".pyx")
+               and path.name != "__init__.py" and "pb" not in path.relative_to(root).parts}
+    return ([f"{module}: not in the layout map (docs/layout.md)" for module in sorted(modules - named)]
+            + [f"docs/layout.md names {name}, which does not exist" for name in sorted(named - modules)
+               if name.startswith(("sidecar/", "fastcore/"))])
+
+
 # e. The tests: folders that mirror the code, sharing tests/helpers.py and nothing else.
 
 def mirroring_violations(root: Path) -> list[str]:
@@ -365,6 +402,29 @@ def test_every_error_class_has_one_code_and_a_status() -> None:
 
 def test_every_error_code_is_in_the_error_table() -> None:
     assert undocumented_errors(ROOT) == []
+
+
+def test_the_layout_map_names_every_module_where_it_is() -> None:
+    assert layout_map_violations(ROOT) == []
+
+
+def test_the_readme_layout_map_names_only_files_that_exist() -> None:
+    named = maps_in(ROOT / "README.md")
+    assert len(named) > 30, named  # the map was read
+    assert sorted(name for name in named if not (ROOT / name).is_file()) == []
+
+
+def test_a_module_left_out_of_the_layout_map_or_a_file_it_names_wrongly_is_reported(tmp_path: Path) -> None:
+    map_ = "```\nsidecar/cli.py  flags\nsidecar/wire/  server.py,\n  splice.py\nfastcore/\n  _fastcore.pyx\n```\n"
+    files = {"sidecar/cli.py": "", "sidecar/wire/__init__.py": "", "sidecar/wire/server.py": "",
+             "sidecar/wire/splice.py": "", "fastcore/_fastcore.pyx": "", "docs/layout.md": map_}
+    assert layout_map_violations(build(tmp_path, files)) == []
+    (tmp_path / "sidecar" / "wire" / "auth.py").write_text("")
+    (tmp_path / "docs" / "layout.md").write_text(map_.replace("splice.py", "splices.py"))
+    assert layout_map_violations(tmp_path) == [
+        "sidecar/wire/auth.py: not in the layout map (docs/layout.md)",
+        "sidecar/wire/splice.py: not in the layout map (docs/layout.md)",
+        "docs/layout.md names sidecar/wire/splices.py, which does not exist"]
 
 
 def test_the_tests_mirror_the_code_and_share_only_helpers() -> None:
