@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Generates contextsidecarv1/ (sidecar.pb.go, sidecar_grpc.pb.go) from the API contract,
-# proto/contextsidecar/v1/sidecar.proto, into OUT (default: this directory, i.e. the committed
+# proto/contextsidecar/v1/sidecar.proto, into OUT (an absolute path; default: this directory, the committed
 # files; generate_test.go passes a temporary one and compares bytes).
 #
 # protoc is the one grpcio-tools ships (`python -m grpc_tools.protoc`, python from PATH: the

@@ -73,6 +73,7 @@ func startSidecar(storage string, flags ...string) (stop func(), addr string, er
 		"--log-level", "WARNING"}, flags...)
 	cmd := exec.Command("python", args...)
 	cmd.Dir = filepath.Join("..", "..")
+	cmd.SysProcAttr = orphanGuard()
 	var stderr lockedBuffer
 	cmd.Stderr = &stderr
 	stdout, err := cmd.StdoutPipe()
