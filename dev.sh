@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# One entry point for a fresh machine with python3 (>= 3.11), gcc and node (>= 20):
+# One entry point for a fresh machine with python3 (>= 3.11), gcc, node (>= 20), and for the tests go (1.26):
 #   ./dev.sh serve [flags]   set up, then run the sidecar (127.0.0.1:50051, LMDB in ./data)
-#   ./dev.sh test            set up, then lint (ruff), type-check (mypy) and run every test: Python, then Node.js
+#   ./dev.sh test            set up, then lint (ruff), type-check (mypy) and run every test: Python, Node.js, Go
 #   ./dev.sh bench [name] [args]  set up, then run benchmarks/<name>.py (default turn_latency)
 #   ./dev.sh setup           only set up: .venv with the package installed (fastcore compiled)
 set -euo pipefail
@@ -20,6 +20,11 @@ setup_python() {
   "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[${1:-test}]"
 }
 
+setup_go() {
+  command -v go >/dev/null || { echo "dev.sh: Go 1.26 is needed for the Go client's tests" >&2; exit 1; }
+  (cd clients/go && go mod download)
+}
+
 setup_node() {
   command -v npm >/dev/null || { echo "dev.sh: Node.js 20 and npm are needed for the client tests" >&2; exit 1; }
   (cd clients/node && npm ci --no-audit --no-fund --loglevel=error)
@@ -36,11 +41,14 @@ case "$command" in
   test)
     setup_python
     setup_node
+    setup_go
     "$VENV/bin/ruff" check .
     "$VENV/bin/mypy"
     "$VENV/bin/python" -m pytest "$@"
     # The Node.js test starts its own sidecar with the python on PATH: the venv's.
-    (cd clients/node && PATH="$PWD/../../$VENV/bin:$PATH" npm test) ;;
+    (cd clients/node && PATH="$PWD/../../$VENV/bin:$PATH" npm test)
+    # -count=1: the results depend on the sidecar and the proto, which go test's cache cannot see.
+    (cd clients/go && go vet ./... && PATH="$PWD/../../$VENV/bin:$PATH" go test -count=1 ./...) ;;
   bench)
     setup_python test,bench
     benchmark=turn_latency
