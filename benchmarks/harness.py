@@ -35,9 +35,9 @@ class Samples:
 
 
 @contextmanager
-def sidecar_process(storage: Path, flags: Sequence[str], server_env: dict[str, str] | None = None,
-                    tree: Path | None = None) -> Iterator[grpc.Channel]:
-    """``python -m sidecar serve`` on a free loopback port; a channel to it while it runs.
+def sidecar_address(storage: Path, flags: Sequence[str], server_env: dict[str, str] | None = None,
+                    tree: Path | None = None) -> Iterator[str]:
+    """``python -m sidecar serve`` on a free loopback port; its address while it runs.
     ``tree``: a source tree (with fastcore compiled in place) whose sidecar runs instead of the
     installed one: ``-m`` looks in the working directory first."""
     command = [sys.executable, "-m", "sidecar", "serve", "--listen", "127.0.0.1:0", "--storage-path", str(storage),
@@ -48,15 +48,22 @@ def sidecar_process(storage: Path, flags: Sequence[str], server_env: dict[str, s
         line = process.stdout.readline()
         if not line.startswith(READY):
             raise SystemExit(f"the sidecar did not start: {line!r}")
-        channel = grpc.insecure_channel(line[len(READY):].strip(),
-                                        options=[("grpc.max_receive_message_length", 64 << 20)])
+        yield line[len(READY):].strip()
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+
+
+@contextmanager
+def sidecar_process(storage: Path, flags: Sequence[str], server_env: dict[str, str] | None = None,
+                    tree: Path | None = None) -> Iterator[grpc.Channel]:
+    """The same sidecar, and a raw channel to it (for the benchmarks that time the stubs)."""
+    with sidecar_address(storage, flags, server_env, tree) as address:
+        channel = grpc.insecure_channel(address, options=[("grpc.max_receive_message_length", 64 << 20)])
         try:
             yield channel
         finally:
             channel.close()
-    finally:
-        process.terminate()
-        process.wait(timeout=60)
 
 
 def interleaved(calls: dict[str, Callable[[], object]], rounds: int, warmup: int = 20) -> dict[str, Samples]:

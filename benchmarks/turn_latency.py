@@ -12,6 +12,9 @@ machine's drift (it is shared and noisy) hits every figure alike:
 - retokenize: what a host pays without the sidecar, tiktoken over its whole transcript each
   turn (measured in this process, after the rounds).
 
+Every call goes through sidecar.client, as a host's would (a few microseconds a call above the
+raw stubs: ``benchmarks.clients`` compares the clients).
+
     python -m benchmarks.turn_latency [--sizes 1000,10000,100000] [--rounds 300] [--markdown]
 """
 
@@ -23,26 +26,24 @@ import tempfile
 import time
 from pathlib import Path
 
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
 from benchmarks import corpus
-from benchmarks.harness import Samples, interleaved, sidecar_process
+from benchmarks.harness import Samples, interleaved, sidecar_address
+from sidecar.client import Client
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
 from sidecar.text.encodings import load_encoding
 
 BUDGETS = (8000, 32000)
 
 
-def load_run(stub: pb_grpc.ContextSidecarStub, run_id: str, size: int) -> tuple[list[str], float]:
+def load_run(client: Client, run_id: str, size: int) -> tuple[list[str], float]:
     """Append ``size`` events through gRPC; return their contents and their mean token count."""
     texts, tokens = [], 0
-    batch: list[pb.Event] = []
+    batch: list[dict] = []
     for event in corpus.events(size, seed=size):
-        batch.append(pb.Event(**event._asdict()))
+        batch.append(event._asdict())
         texts.append(event.content)
         if len(batch) == 500 or len(texts) == size:
-            answer = stub.AppendEvents(pb.AppendEventsRequest(run_id=run_id, events=batch))
+            answer = client.append_events(run_id=run_id, events=batch)
             tokens += sum(result.tokens for result in answer.results)
             batch = []
     return texts, tokens / size
@@ -53,17 +54,16 @@ def measure(args: argparse.Namespace) -> None:
     server_env = dict(item.split("=", 1) for item in args.server_env)
     flags = ["--token-counter", "o200k_base", "--transcript-token-budget", str(max(BUDGETS))]
     with tempfile.TemporaryDirectory(prefix="sidecar-bench-") as tmp:
-        with sidecar_process(Path(tmp) / "lmdb", flags, server_env) as channel:
-            report = run_rounds(pb_grpc.ContextSidecarStub(channel), health_pb2_grpc.HealthStub(channel), sizes,
-                                args.rounds)
+        with sidecar_address(Path(tmp) / "lmdb", flags, server_env) as address, Client(address) as client:
+            report = run_rounds(client, sizes, args.rounds)
     print_report(report, sizes, args.markdown)
 
 
-def run_rounds(stub, health, sizes: list[int], rounds: int) -> dict:
+def run_rounds(client: Client, sizes: list[int], rounds: int) -> dict:
     started = time.perf_counter()
     runs = {}
     for size in sizes:
-        texts, mean_tokens = load_run(stub, f"run-{size}", size)
+        texts, mean_tokens = load_run(client, f"run-{size}", size)
         runs[size] = {"texts": texts, "mean_tokens": mean_tokens, "last": (size - 1) // corpus.EVENTS_PER_TURN + 1}
     print(f"loaded {sum(sizes)} events in {time.perf_counter() - started:.1f} s", file=sys.stderr)
 
@@ -74,20 +74,20 @@ def run_rounds(stub, health, sizes: list[int], rounds: int) -> dict:
     def assemble(size: int, budget: int):
         # A fixed iteration per budget: re-assembling it reads and answers, and writes nothing.
         iteration = runs[size]["last"] - (1 if budget == BUDGETS[0] else 0)
-        request = pb.AssembleContextRequest(run_id=f"run-{size}", iteration=iteration, max_transcript_tokens=budget)
-        return lambda: stub.AssembleContext(request)
+        return lambda: client.assemble_context(run_id=f"run-{size}", iteration=iteration,
+                                               max_transcript_tokens=budget)
 
     def turn(size: int, budget: int):
         def call() -> pb.AssembleContextResponse:
             iteration = next_turn[size]
             next_turn[size] += 1
-            event = pb.Event(event_id=f"turn-{budget}-{iteration}", role="user",
-                             content=new_contents[iteration % len(new_contents)])
-            return stub.AssembleContext(pb.AssembleContextRequest(
-                run_id=f"run-{size}", iteration=iteration, append_events=[event], max_transcript_tokens=budget))
+            event = {"event_id": f"turn-{budget}-{iteration}", "role": "user",
+                     "content": new_contents[iteration % len(new_contents)]}
+            return client.assemble_context(run_id=f"run-{size}", iteration=iteration, append_events=[event],
+                                           max_transcript_tokens=budget)
         return call
 
-    calls = {("bare", 0, 0): lambda: health.Check(health_pb2.HealthCheckRequest())}
+    calls = {("bare", 0, 0): client.check_health}
     for size in sizes:
         for budget in BUDGETS:
             calls[("assemble", size, budget)] = assemble(size, budget)

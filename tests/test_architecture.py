@@ -1,9 +1,10 @@
-"""The house rules, checked: imports run one way, LMDB stays in storage and the areas' schema
-modules, each database belongs to one area and is named only there, every error has its row in
-the error table, and the tests mirror the code. Each rule is a function over a source root that
-returns its violations, so each is checked twice: the real tree has none, and a small tree built
-here that breaks the rule has the violation reported (a rule that cannot fail proves nothing).
-Also: the generated stubs are fresh, and stored records stay wire-compatible with the API."""
+"""The house rules, checked: imports run one way (the client beside the wire, apart from the
+rest), LMDB stays in storage and the areas' schema modules, each database belongs to one area
+and is named only there, every error has its row in the error table, and the tests mirror the
+code. Each rule is a function over a source root that returns its violations, so each is checked
+twice: the real tree has none, and a small tree built here that breaks the rule has the violation
+reported (a rule that cannot fail proves nothing). Also: the generated stubs are fresh, and
+stored records stay wire-compatible with the API."""
 
 from __future__ import annotations
 
@@ -83,7 +84,7 @@ def outermost(names: set[str]) -> list[str]:
 
 
 def layer_of(relative: Path) -> str:
-    """wire, entry, area, storage, text, shared, fastcore, or package (sidecar/__init__, plugin_api)."""
+    """wire, client, entry, area, storage, text, shared, fastcore, or package (sidecar/__init__, plugin_api)."""
     parts = relative.parts
     if parts[0] == "fastcore":
         return "fastcore"
@@ -107,6 +108,8 @@ def layer_imported(name: str) -> str | None:
 
 
 # a. Layers: sidecar/wire -> areas -> storage, text, fastcore; errors, settings, validation below all.
+# sidecar/client stands beside the wire: grpc and the API stubs, nothing else of the sidecar (a host
+# imports it without the server's dependencies), and nothing of the sidecar imports it.
 
 FORBIDDEN = {
     "area": {"wire", "entry"},
@@ -117,8 +120,13 @@ FORBIDDEN = {
 
 def layer_violation(layer: str, relative: Path, name: str) -> str | None:
     target = layer_imported(name)
-    if layer != "wire" and (within(name, "grpc", "google.rpc") or name.startswith("grpc_") or target == "API stubs"):
-        return "which only sidecar/wire may import"
+    if layer not in ("wire", "client") and (within(name, "grpc", "google.rpc") or name.startswith("grpc_")
+                                            or target == "API stubs"):
+        return "which only sidecar/wire and sidecar/client may import"
+    if layer == "client" and target not in (None, "client", "API stubs"):
+        return "but sidecar/client imports nothing of the sidecar except the API stubs"
+    if target == "client" and layer != "client":
+        return "but nothing of the sidecar imports sidecar/client"
     if target == "storage stubs" and relative.as_posix() != "sidecar/storage/codec.py":
         return "which only sidecar/storage/codec.py may import"
     if layer == "fastcore" and within(name, "sidecar", "lmdb", "grpc", "google"):
@@ -368,7 +376,7 @@ def shared_helpers_violations(root: Path) -> list[str]:
 def test_the_real_tree_is_read_whole() -> None:
     found = sources(ROOT)
     assert len(found) > 40 and Path("fastcore/_fastcore.pyx") in found and Path("sidecar/wire/server.py") in found
-    assert all(layer_of(path) in ("wire", "entry", "area", "storage", "text", "shared", "fastcore", "package")
+    assert all(layer_of(path) in ("wire", "client", "entry", "area", "storage", "text", "shared", "fastcore", "package")
                for path in found), {path: layer_of(path) for path in found}
     assert "sidecar.pb.contextsidecar.v1.sidecar_pb2" in imported(ROOT, Path("sidecar/wire/servicer.py"))
 
@@ -463,6 +471,8 @@ LAWFUL = {
     "sidecar/wire/server.py": ("import grpc\nfrom grpc_status import rpc_status\nfrom google.rpc import status_pb2\n"
                                "from sidecar.pb.contextsidecar.v1 import sidecar_pb2\n"
                                "from sidecar.memory import api\n"),
+    "sidecar/client/sync.py": ("import grpc\nfrom grpc_health.v1 import health_pb2\nfrom google.rpc import status_pb2\n"
+                               "from sidecar.pb.contextsidecar.v1 import sidecar_pb2\nfrom .calls import call_error\n"),
     "sidecar/storage/databases.py": DATABASES,
     "sidecar/storage/environment.py": "import lmdb\n\ndef open(env):\n    return env.open_db(b'events')\n",
     "sidecar/storage/codec.py": "import fastcore\nfrom sidecar.pb.contextsidecar.storage.v1 import records_pb2\n",
@@ -509,6 +519,12 @@ BREAKS = [
      "sidecar/context_window/state.py: imports sidecar.pb.contextsidecar.v1, which only sidecar/wire"),
     ("layers", {"sidecar/storage/environment.py": "from sidecar.pb.contextsidecar.storage.v1 import records_pb2\n"},
      "imports sidecar.pb.contextsidecar.storage.v1, which only sidecar/storage/codec.py may import"),
+    ("layers", {"sidecar/client/calls.py": "from sidecar.errors import SidecarError\n"},
+     "sidecar/client/calls.py: imports sidecar.errors, but sidecar/client imports nothing of the sidecar except"),
+    ("layers", {"sidecar/client/aio.py": "from ..wire.status import to_status\n"},
+     "sidecar/client/aio.py: imports sidecar.wire.status, but sidecar/client imports nothing of the sidecar"),
+    ("layers", {"sidecar/wire/servicer.py": "from sidecar.client import Client\n"},
+     "sidecar/wire/servicer.py: imports sidecar.client, but nothing of the sidecar imports sidecar/client"),
     ("layers", {"sidecar/transcript/log.py": "from sidecar.wire import status\n"},
      "sidecar/transcript/log.py: imports sidecar.wire, but the area layer may not import the wire layer"),
     ("layers", {"sidecar/tenant_events/log.py": "import sidecar.cli\n"}, "the area layer may not import the entry"),
