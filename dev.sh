@@ -53,6 +53,8 @@ case "$command" in
     setup_python test,bench
     benchmark=turn_latency
     if [ $# -gt 0 ] && [ -f "benchmarks/$1.py" ]; then benchmark=$1; shift; fi
+    # The clients benchmark runs each client's bench program: Node.js needs its packages.
+    if [ "$benchmark" = clients ]; then setup_node; fi
     exec "$VENV/bin/python" -m "benchmarks.$benchmark" "$@" ;;
   *)
     sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//' >&2
