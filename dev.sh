@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# One entry point for a fresh machine with python3 (>= 3.11), gcc, node (>= 20), and for the tests go (1.26):
+# One entry point for a fresh machine with python3 (>= 3.11), gcc, node (>= 20); the tests also need
+# go (1.26) and Java 17 with Maven:
 #   ./dev.sh serve [flags]   set up, then run the sidecar (127.0.0.1:50051, LMDB in ./data)
-#   ./dev.sh test            set up, then lint (ruff), type-check (mypy) and run every test: Python, Node.js, Go
+#   ./dev.sh test            set up, lint (ruff), type-check (mypy), run every test: Python, Node.js, Go, Java
 #   ./dev.sh bench [name] [args]  set up, then run benchmarks/<name>.py (default turn_latency)
 #   ./dev.sh setup           only set up: .venv with the package installed (fastcore compiled)
 set -euo pipefail
@@ -25,6 +26,11 @@ setup_go() {
   (cd clients/go && go mod download)
 }
 
+setup_java() {
+  command -v mvn >/dev/null || { echo "dev.sh: Java 17 and Maven are needed for the Java client's tests" >&2; exit 1; }
+  mvn -q -B -ntp -f clients/java/pom.xml test-compile
+}
+
 setup_node() {
   command -v npm >/dev/null || { echo "dev.sh: Node.js 20 and npm are needed for the client tests" >&2; exit 1; }
   (cd clients/node && npm ci --no-audit --no-fund --loglevel=error)
@@ -42,13 +48,15 @@ case "$command" in
     setup_python
     setup_node
     setup_go
+    setup_java
     "$VENV/bin/ruff" check .
     "$VENV/bin/mypy"
     "$VENV/bin/python" -m pytest "$@"
     # The Node.js test starts its own sidecar with the python on PATH: the venv's.
     (cd clients/node && PATH="$PWD/../../$VENV/bin:$PATH" npm test)
     # -count=1: the results depend on the sidecar and the proto, which go test's cache cannot see.
-    (cd clients/go && go vet ./... && PATH="$PWD/../../$VENV/bin:$PATH" go test -count=1 ./...) ;;
+    (cd clients/go && go vet ./... && PATH="$PWD/../../$VENV/bin:$PATH" go test -count=1 ./...)
+    PATH="$PWD/$VENV/bin:$PATH" mvn -B -ntp -f clients/java/pom.xml test ;;
   bench)
     setup_python test,bench
     benchmark=turn_latency
@@ -57,6 +65,6 @@ case "$command" in
     if [ "$benchmark" = clients ]; then setup_node; fi
     exec "$VENV/bin/python" -m "benchmarks.$benchmark" "$@" ;;
   *)
-    sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2 ;;
 esac

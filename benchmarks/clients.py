@@ -8,7 +8,7 @@ bench protocol (``benchmarks/client_bench.py`` says it in full) against it, one 
   in the same rounds (what the client adds, printed under the table)
 - node:   ``node clients/node/bench.js`` (clients/node/client.js; needs its node_modules)
 - go:     ``go run ./cmd/bench`` in clients/go
-- java:   ``mvn -q -f clients/java/pom.xml compile exec:java`` of the class in a ``Bench.java``
+- java:   the class in a ``Bench.java``, built by Maven (``clients/java/pom.xml``), run by ``java -cp``
 
 A language whose program or tool is missing is skipped, saying so. Each program prints one line
 of JSON; the table sets them side by side: the health Check p50 (the floor of any call from that
@@ -59,8 +59,11 @@ def command(language: str, target: str, rounds: int) -> tuple[list[str], Path] |
         if not shutil.which("mvn"):
             return "mvn is not on PATH"
         main_class = ".".join(bench[0].relative_to(CLIENTS / "java" / "src" / "main" / "java").with_suffix("").parts)
-        return (["mvn", "-q", "-f", str(pom), "compile", "exec:java", f"-Dexec.mainClass={main_class}",
-                 f"-Dexec.args={' '.join(args)}"], CLIENTS / "java")
+        # Maven builds and writes the classpath; the bench runs in a JVM of its own, so its stdout is
+        # its one JSON line (exec:java lets Maven's terminal codes onto it).
+        build = "mvn -q -B -f pom.xml compile dependency:build-classpath >&2"
+        java = f'exec java -cp "target/classes:$(cat target/classpath.txt)" {main_class} {" ".join(args)}'
+        return ["bash", "-c", f"{build} && {java}"], CLIENTS / "java"
     return f"no bench program is known for {language}"
 
 
