@@ -1,9 +1,10 @@
-"""Regenerate the committed Python stubs in sidecar/pb from proto/ (API and storage protos).
+"""Regenerate the committed Python stubs in sidecar/pb from proto/ (the API) and
+sidecar/storage/proto/ (the storage records, which are no part of the API).
 
     python scripts/generate_stubs.py            # rewrite sidecar/pb in place
     python scripts/generate_stubs.py --out DIR  # write them under DIR instead (the staleness test)
 
-The proto is mapped to the virtual path sidecar/pb/..., so the generated modules import each
+Both roots are mapped to the virtual path sidecar/pb/..., so the generated modules import each
 other as sidecar.pb.contextsidecar.v1.* with no post-processing.
 """
 
@@ -25,7 +26,8 @@ STORAGE_PROTOS = ("sidecar/pb/contextsidecar/storage/v1/records.proto",  # messa
 def generate(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     well_known = resources.files("grpc_tools") / "_proto"  # google/protobuf/*.proto, shipped with protoc
-    common = ["protoc", f"-Isidecar/pb={ROOT / 'proto'}", f"-I{well_known}", f"--python_out={out}",
+    common = ["protoc", f"-Isidecar/pb={ROOT / 'proto'}", f"-Isidecar/pb={ROOT / 'sidecar' / 'storage' / 'proto'}",
+              f"-I{well_known}", f"--python_out={out}",
               f"--pyi_out={out}"]
     for args in (common + [f"--grpc_python_out={out}", API_PROTO], common + list(STORAGE_PROTOS)):
         if protoc.main(args) != 0:
