@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shutil
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from sidecar.settings import CONFIG_ENV, ConfigError, env_name, flag_name, load_settings, option_fields
+
+# The contract as the package ships it (scripts/generate_stubs.py copies it there): the include
+# root of contextsidecar/v1/sidecar.proto and of the google/rpc files that decode its errors.
+CONTRACT_ROOT = Path(__file__).resolve().parent / "pb"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -30,7 +36,25 @@ def _parser() -> argparse.ArgumentParser:
         serve.add_argument(flag_name(section, option), dest=f"{section}.{option.name}", default=None,
                            help=help_text + f"; default: {option.default!r}",
                            **({"action": argparse.BooleanOptionalAction} if kind is bool else {"metavar": "VALUE"}))
+    proto = commands.add_parser(
+        "proto", help="print the include root of the API's .proto files, or write them out",
+        description="The API this sidecar serves, as its package ships it: contextsidecar/v1/sidecar.proto "
+                    "and google/rpc/{status,error_details}.proto (the error details). With no flag, print "
+                    "their include root, for protoc -I; google/protobuf/*.proto come with every protoc.")
+    proto.add_argument("--write", metavar="DIR", type=Path,
+                       help="copy the files under DIR (DIR/contextsidecar/v1/sidecar.proto, DIR/google/rpc/...) "
+                            "and print each path written")
     return parser
+
+
+def write_contract(directory: Path) -> list[Path]:
+    written = []
+    for source in sorted(CONTRACT_ROOT.rglob("*.proto")):
+        target = directory / source.relative_to(CONTRACT_ROOT)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, target)
+        written.append(target)
+    return written
 
 
 def _section_and_key(dest: str) -> tuple[str, str]:
@@ -41,6 +65,13 @@ def _section_and_key(dest: str) -> tuple[str, str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "proto":
+        try:
+            print(*(write_contract(args.write) if args.write else [CONTRACT_ROOT]), sep="\n")
+        except OSError as error:
+            print(f"context-sidecar: cannot write the contract: {error}", file=sys.stderr)
+            return 1
+        return 0
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     overrides = {_section_and_key(dest): value for dest, value in vars(args).items() if "." in dest}
     try:

@@ -615,8 +615,12 @@ def test_a_tree_that_breaks_a_rule_has_it_reported(tmp_path: Path, rule: str, fi
 # The generated stubs and the stored format.
 
 def test_committed_stubs_are_what_the_protos_generate(tmp_path: Path) -> None:
+    """All of sidecar/pb: the stubs, the shipped copies of the contract, the descriptors with comments."""
     subprocess.run([sys.executable, str(ROOT / "scripts" / "generate_stubs.py"), "--out", str(tmp_path)], check=True)
     generated = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
+    assert {Path("sidecar/pb", name) for name in ("contextsidecar/v1/sidecar.proto", "google/rpc/status.proto",
+                                                  "google/rpc/error_details.proto",
+                                                  "contextsidecar/v1/sidecar_descriptors.binpb")} <= set(generated)
     committed = sorted(p.relative_to(ROOT) for p in (ROOT / "sidecar" / "pb").rglob("*")
                        if p.is_file() and p.name != "__init__.py" and "__pycache__" not in p.parts)
     assert generated == committed

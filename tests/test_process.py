@@ -18,7 +18,7 @@ from grpc_health.v1 import health_pb2
 
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.text.encodings import bundled_dir
-from tests.helpers import READY, Sidecar, run_cli
+from tests.helpers import READY, ROOT, Sidecar, run_cli
 
 
 def test_help_explains_every_flag(tmp_path: Path) -> None:
@@ -44,6 +44,26 @@ def test_bad_configuration_stops_with_the_key_named(tmp_path: Path, args: list[s
     result = run_cli(tmp_path, "serve", "--storage-path", str(tmp_path / "d"), *args)
     assert result.returncode == 2
     assert message in result.stderr
+
+
+def test_proto_prints_the_shipped_contract_and_writes_it_out(tmp_path: Path) -> None:
+    printed = run_cli(tmp_path, "proto")
+    assert printed.returncode == 0, printed.stderr
+    written = run_cli(tmp_path, "proto", "--write", str(tmp_path / "contract"))
+    assert written.returncode == 0, written.stderr
+    sources = {"contextsidecar/v1/sidecar.proto": ROOT / "proto",
+               "google/rpc/error_details.proto": ROOT / "third_party", "google/rpc/status.proto": ROOT / "third_party"}
+    assert written.stdout.splitlines() == [str(tmp_path / "contract" / name) for name in sources]
+    for number, include in enumerate((Path(printed.stdout.strip()), tmp_path / "contract")):
+        assert {name: (include / name).read_bytes() for name in sources} == {
+            name: (root / name).read_bytes() for name, root in sources.items()}
+        # An include root a code generator takes as it is (Python's here: grpc_tools is at hand).
+        out = tmp_path / f"generated{number}"
+        out.mkdir()
+        result = subprocess.run([sys.executable, "-m", "grpc_tools.protoc", f"-I{include}", f"--python_out={out}",
+                                 *sources], capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+        assert (out / "contextsidecar" / "v1" / "sidecar_pb2.py").is_file()
 
 
 def test_a_missing_compiled_extension_stops_the_sidecar(tmp_path: Path) -> None:

@@ -2,7 +2,7 @@
 
 - An event is a serialized ``contextsidecar.storage.v1.EventRecord`` (protobuf). Its fields
   are, number for number, those of the API's ``WindowEntry``, so the wire layer sends a stored
-  event as it is, without decoding it on the turn's hot path (proto/contextsidecar/storage).
+  event as it is, without decoding it on the turn's hot path (sidecar/storage/proto/contextsidecar/storage).
 - Per-event count records are the packed arrays fastcore walks: (tokens, iteration,
   group_first) as three little-endian uint32.
 - A memory entry is a serialized ``MemoryRecord``, likewise the API's ``MemoryEntry``.

@@ -1,5 +1,12 @@
 """The gRPC server: built by a function that returns (server, port), health and reflection
-registered under names read from the descriptors, SIGTERM handled gracefully."""
+registered under names read from the descriptors, SIGTERM handled gracefully.
+
+Reflection answers under both names clients use: grpc.reflection.v1alpha.ServerReflection
+(grpcio-reflection's) and grpc.reflection.v1.ServerReflection (grpcurl, Postman and grpc-java's
+tools ask for v1 first; grpcio-reflection has no v1 yet, grpc/grpc#38576). The two protocols are
+the same messages under another package name, so one handler serves both. Its descriptors are the
+ones protoc wrote with source comments (sidecar_descriptors.binpb), so a reflection client shows
+each RPC's and field's documentation."""
 
 from __future__ import annotations
 
@@ -10,12 +17,14 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import grpc
+from google.protobuf import descriptor_pb2, descriptor_pool, text_format
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2
 
 from sidecar.context_window.policy import load_policy
 from sidecar.context_window.run_context import RunContexts
@@ -36,6 +45,10 @@ from sidecar.wire.servicer import ContextSidecarServicer, add_servicer_to_server
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ContextSidecar"].full_name
+REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
+# The API's FileDescriptorSet and google/rpc's (so a reflection client decodes error details),
+# imports and source comments included (scripts/generate_stubs.py).
+DESCRIPTORS = resources.files(pb.__package__).joinpath("sidecar_descriptors.binpb")
 
 
 @dataclass
@@ -126,6 +139,88 @@ class InFlightCalls:
             return self._idle.wait_for(lambda: not self._count, timeout)
 
 
+def reflection_v1_file() -> descriptor_pb2.FileDescriptorProto:
+    """grpc/reflection/v1/reflection.proto, derived from the v1alpha file grpcio-reflection ships:
+    the same messages, field for field, in package grpc.reflection.v1 (and its options likewise)."""
+    text = text_format.MessageToString(descriptor_pb2.FileDescriptorProto.FromString(
+        reflection_pb2.DESCRIPTOR.serialized_pb)).replace("v1alpha", "v1")
+    file = text_format.Parse(text, descriptor_pb2.FileDescriptorProto())
+    file.name = "grpc/reflection/v1/reflection.proto"
+    file.options.ClearField("deprecated")  # v1alpha is deprecated; v1 is its replacement
+    return file
+
+
+class CommentedReflection:
+    """grpcio-reflection's servicer over our own pool, but answering file requests with the files
+    as protoc wrote them: a pool built from them forgets their source comments (CopyToProto drops
+    source_code_info), so the commented files are kept beside it and sent instead."""
+
+    def __init__(self, service_names: tuple[str, ...]) -> None:
+        commented = descriptor_pb2.FileDescriptorSet.FromString(DESCRIPTORS.read_bytes()).file
+        self._files_pool = descriptor_pool.DescriptorPool()
+        for file in [*commented, reflection_v1_file()]:
+            self._files_pool.Add(file)
+        for module in (health_pb2, reflection_pb2):
+            self._files_pool.AddSerializedFile(module.DESCRIPTOR.serialized_pb)
+        self._commented = {file.name: file.SerializeToString() for file in commented}
+        self._others = reflection.ReflectionServicer(service_names, pool=self._files_pool)
+
+    def ServerReflectionInfo(self, request_iterator: Iterator[reflection_pb2.ServerReflectionRequest],
+                             context: grpc.ServicerContext) -> Iterator[reflection_pb2.ServerReflectionResponse]:
+        for request in request_iterator:
+            kind = request.WhichOneof("message_request")
+            if kind in ("file_by_filename", "file_containing_symbol"):
+                yield self._file_with_dependencies(request, kind)
+            else:  # list_services and the extension queries (the API declares no extensions)
+                # grpc-stubs types this generator as returning None, hence the ignore.
+                answers: Iterator[reflection_pb2.ServerReflectionResponse] = self._others.ServerReflectionInfo(
+                    iter((request,)), context)  # type: ignore[func-returns-value, assignment]
+                yield from answers
+
+    def _file_with_dependencies(self, request: reflection_pb2.ServerReflectionRequest,
+                                kind: str) -> reflection_pb2.ServerReflectionResponse:
+        try:
+            pending = [self._file_of(kind, getattr(request, kind))]
+        except KeyError:
+            return reflection_pb2.ServerReflectionResponse(original_request=request, error_response=(
+                reflection_pb2.ErrorResponse(error_code=grpc.StatusCode.NOT_FOUND.value[0],
+                                             error_message=f"{kind} {getattr(request, kind)!r} not found")))
+        found: dict[str, bytes] = {}
+        while pending:  # the file and everything it imports, each once
+            file = pending.pop()
+            if file.name not in found:
+                found[file.name] = self._commented.get(file.name) or self._uncommented(file)
+                pending += file.dependencies
+        return reflection_pb2.ServerReflectionResponse(
+            original_request=request,
+            file_descriptor_response=reflection_pb2.FileDescriptorResponse(file_descriptor_proto=list(found.values())))
+
+    def _file_of(self, kind: str, name: str) -> Any:
+        if kind == "file_by_filename":
+            return self._files_pool.FindFileByName(name)
+        try:
+            return self._files_pool.FindFileContainingSymbol(name)
+        except KeyError:  # upb's pool finds no method this way, and grpcurl asks for methods (describe S.M)
+            return self._files_pool.FindMethodByName(name).containing_service.file
+
+    @staticmethod
+    def _uncommented(file: Any) -> bytes:
+        proto = descriptor_pb2.FileDescriptorProto()
+        file.CopyToProto(proto)
+        return proto.SerializeToString()
+
+
+def add_reflection(server: grpc.Server, service_names: tuple[str, ...]) -> None:
+    """Reflection under v1alpha and v1, one servicer: the two protocols differ only in name."""
+    reflection_service = CommentedReflection((*service_names, reflection.SERVICE_NAME, REFLECTION_V1))
+    handlers = {"ServerReflectionInfo": grpc.stream_stream_rpc_method_handler(
+        reflection_service.ServerReflectionInfo,
+        request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
+        response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString)}
+    for name in (reflection.SERVICE_NAME, REFLECTION_V1):
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
+
+
 def servicer_for(settings: Settings, services: Services) -> ContextSidecarServicer:
     """The ContextSidecar servicer over ``services``, as every server kind registers it."""
     run_contexts = services.transcripts.contexts
@@ -150,9 +245,7 @@ def build_server(settings: Settings, services: Services,
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for name in ("", SERVICE_NAME):
         health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-    reflection.enable_server_reflection(
-        (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
-        server)
+    add_reflection(server, (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name))
     try:
         port = server.add_insecure_port(settings.server.listen)
     except RuntimeError as exc:

@@ -1,7 +1,7 @@
 """Answers spliced from stored bytes: the wire's fast path for the per-turn call and for memory.
 
 A stored event record is wire-compatible with WindowEntry and a stored memory record with
-MemoryEntry (proto/contextsidecar/storage; tests/test_architecture.py holds them to it), so an answer
+MemoryEntry (sidecar/storage/proto; tests/test_architecture.py holds them to it), so an answer
 that carries them verbatim is built by concatenating encodings instead of building messages: on
 a 32k-token window that saves ~1.5 us per entry (benchmarks/ measures the call). Protobuf allows
 it: fields may come in any order, and the occurrences of a repeated field concatenate.

