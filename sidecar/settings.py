@@ -208,6 +208,31 @@ class RedactionSettings:
 
 
 @dataclass(frozen=True)
+class MetricsSettings:
+    listen: str = _option(
+        "", "where to serve Prometheus metrics over HTTP (/metrics): host:port, loopback unless "
+        "allow_non_loopback; empty: off", flag="--metrics-listen")
+    allow_non_loopback: bool = _option(
+        False, "allow serving /metrics on a non-loopback address", flag="--metrics-allow-non-loopback")
+
+
+@dataclass(frozen=True)
+class TracingSettings:
+    enabled: bool = _option(
+        False, "OpenTelemetry spans for every RPC and the phases of a turn, joined to the caller's trace "
+        "(W3C traceparent); needs the otel extra: pip install 'context-sidecar[otel]'", flag="--tracing")
+    otlp_endpoint: str = _option(
+        "", "where to export spans over OTLP/gRPC, such as http://127.0.0.1:4317; empty: spans are made "
+        "but not exported", flag="--otlp-endpoint")
+
+
+@dataclass(frozen=True)
+class LogSettings:
+    format: str = _option("text", "log lines as text, or as one JSON object per line", choices=("text", "json"),
+                          flag="--log-format")
+
+
+@dataclass(frozen=True)
 class TenantCredential:
     tenant_id: str
     token_sha256: str  # hex SHA-256 of the tenant's bearer token; the token itself is never configured
@@ -231,6 +256,9 @@ class Settings:
     memory: MemorySettings = field(default_factory=MemorySettings)
     memory_compaction: MemoryCompactionSettings = field(default_factory=MemoryCompactionSettings)
     redaction: RedactionSettings = field(default_factory=RedactionSettings)
+    metrics: MetricsSettings = field(default_factory=MetricsSettings)
+    tracing: TracingSettings = field(default_factory=TracingSettings)
+    log: LogSettings = field(default_factory=LogSettings)
     auth: AuthSettings = field(default_factory=AuthSettings)
 
 
@@ -238,7 +266,8 @@ class Settings:
 SECTIONS: dict[str, type] = {
     "server": ServerSettings, "storage": StorageSettings, "context": ContextSettings,
     "context.clearing": ClearingSettings, "render": RenderSettings, "memory": MemorySettings,
-    "memory.compaction": MemoryCompactionSettings, "redaction": RedactionSettings}
+    "memory.compaction": MemoryCompactionSettings, "redaction": RedactionSettings, "metrics": MetricsSettings,
+    "tracing": TracingSettings, "log": LogSettings}
 _TENANT_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # as transcript.log.TOOL_NAME, which imports this module
