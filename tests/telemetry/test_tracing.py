@@ -145,6 +145,11 @@ def test_a_call_without_a_traceparent_starts_a_trace_and_phases_run_only_when_th
     assert sorted(s.name for s in sidecar.spans() if s.parent and s.parent.span_id == second.context.span_id) \
         == ["read", "select"]
     assert second.attributes["contextsidecar.entries"] == len(again.event_ids) == 4
+    # A call whose trace the host did not sample (flags 00) records nothing, its phases neither.
+    made = len(sidecar.spans())
+    sidecar.stub.AssembleContext(turn("run-2"), metadata=(
+        ("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"),))
+    assert len(sidecar.spans()) == made == 6 + 3
 
 
 def test_an_error_call_has_an_error_status(sidecar_at, host) -> None:
