@@ -376,7 +376,8 @@ def shared_helpers_violations(root: Path) -> list[str]:
 def test_the_real_tree_is_read_whole() -> None:
     found = sources(ROOT)
     assert len(found) > 40 and Path("fastcore/_fastcore.pyx") in found and Path("sidecar/wire/server.py") in found
-    assert all(layer_of(path) in ("wire", "client", "entry", "area", "storage", "text", "shared", "fastcore", "package")
+    assert all(layer_of(path) in ("wire", "client", "entry", "area", "storage", "text", "shared", "telemetry",
+                                  "fastcore", "package")
                for path in found), {path: layer_of(path) for path in found}
     assert "sidecar.pb.contextsidecar.v1.sidecar_pb2" in imported(ROOT, Path("sidecar/wire/servicer.py"))
 

@@ -20,6 +20,7 @@ import lmdb
 from sidecar.errors import StoreFull
 from sidecar.storage.databases import AREAS, DATABASES
 from sidecar.storage.keys import Db, Txn
+from sidecar.telemetry.tracing import phase
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -126,8 +127,15 @@ class Store:
             self._keep_headroom(ceiling)
             while True:
                 try:
-                    with self._gate.shared(), self.env.begin(write=True) as txn:
-                        result = work(txn)
+                    with self._gate.shared():
+                        txn = self.env.begin(write=True)
+                        try:
+                            result = work(txn)
+                        except BaseException:
+                            txn.abort()
+                            raise
+                        with phase("commit"):  # the pages written, and synced unless [storage] sync is off
+                            txn.commit()
                 except lmdb.MapFullError:
                     self._grow(ceiling, required=True)  # raises StoreFull when it cannot
                     continue

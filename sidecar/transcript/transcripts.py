@@ -22,6 +22,7 @@ from sidecar.settings import ClearingSettings, ContextSettings, RenderSettings
 from sidecar.storage.codec import StoredEvent, decode_event
 from sidecar.storage.environment import Store
 from sidecar.storage.keys import Txn
+from sidecar.telemetry import tracing
 from sidecar.text.counting import Counters
 from sidecar.text.fencing import fence
 from sidecar.text.redaction import Redactor, redact_json_text
@@ -192,7 +193,8 @@ class Transcripts:
         with self._store.read() as txn:
             run = load_run(txn, self._db, key)
         counter = run.settings.token_counter if run else self._deps.defaults.token_counter
-        counts = count_events(self._deps.counters, counter, events, field) if events else []
+        with tracing.phase("count"):
+            counts = count_events(self._deps.counters, counter, events, field) if events else []
         deadline.check("while the events were counted")
 
         def append(writer: LogWriter) -> list[AppendResult]:
@@ -200,7 +202,8 @@ class Transcripts:
             deadline.check("while the call waited to write")
             if writer.run.settings.token_counter != counter:  # the run was opened meanwhile
                 counter = writer.run.settings.token_counter
-                counts = count_events(self._deps.counters, counter, events, field)
+                with tracing.phase("count"):
+                    counts = count_events(self._deps.counters, counter, events, field)
             replay = (lambda w, e: forks.before_host_event(self._deps, w, e)) if writer.run.replay_pending else None
             return append_host_events(writer, events, counts, field, replay)
 
@@ -340,8 +343,9 @@ class Transcripts:
         check_request_size("texts", texts, self._deps.defaults)
         counter = self._deps.counters.get(counter_name)
         counts = []
-        for text in texts:
-            deadline.check("while the texts were counted")
-            counts.append(counter.count(text))
+        with tracing.phase("count"):
+            for text in texts:
+                deadline.check("while the texts were counted")
+                counts.append(counter.count(text))
         return counter.name, counts
 

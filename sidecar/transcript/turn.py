@@ -27,6 +27,7 @@ from sidecar.settings import ClearingSettings, RenderSettings
 from sidecar.storage.codec import decode_event
 from sidecar.storage.environment import Store
 from sidecar.storage.keys import Txn
+from sidecar.telemetry import tracing
 from sidecar.transcript import clearing, forks
 from sidecar.transcript.log import AppendResult, LogWriter, NewEvent
 from sidecar.transcript.runs import SIDECAR_ID_PREFIX, Deps, Run, default_settings, load_run, require_run, save_run
@@ -282,9 +283,15 @@ class Turn:
     # -- the answer ---------------------------------------------------------------------------
 
     def _answer(self, fed: Fed) -> AssembledContext:
-        rendered = sections.render(self.render, fed.layout, fed.history, fed.cache,
-                                         self._services.render.openai_prompt_cache_retention) if self.render else ""
-        return _assembled(fed.layout, fed.window, self.render, rendered, fed.cache)
+        window = fed.window
+        tracing.set_attributes(iteration=self.iteration, tokens=window.token_count, entries=len(window.event_ids),
+                               budget=window.token_budget)
+        rendered = ""
+        if self.render:
+            with tracing.phase("render"):
+                rendered = sections.render(self.render, fed.layout, fed.history, fed.cache,
+                                           self._services.render.openai_prompt_cache_retention)
+        return _assembled(fed.layout, window, self.render, rendered, fed.cache)
 
 
 def _nothing_to_summarise(found: Candidates, run: Run, budget: int, fraction: float) -> str:

@@ -16,6 +16,7 @@ import fastcore
 from sidecar.errors import TokenBudgetExceeded, TranscriptWindowExceeded
 from sidecar.storage.codec import StoredEvent, decode_event
 from sidecar.storage.keys import Txn
+from sidecar.telemetry.tracing import phase
 from sidecar.text.counting import TokenCounter
 from sidecar.text.fencing import split_block
 from sidecar.transcript.log import log_entries_before, prefix_end
@@ -136,6 +137,12 @@ def plan(deps: Deps, txn: Txn, key: bytes, run: Run, iteration: int,
          max_transcript_tokens: int | None) -> tuple[Plan, Summary | None]:
     """Choose the window for ``iteration``: read the tail's count chunks (doubling the history
     read while the answer reaches further back, never below the summarised floor)."""
+    with phase("select"):
+        return _plan(deps, txn, key, run, iteration, max_transcript_tokens)
+
+
+def _plan(deps: Deps, txn: Txn, key: bytes, run: Run, iteration: int,
+          max_transcript_tokens: int | None) -> tuple[Plan, Summary | None]:
     settings = run.settings
     budget = effective_budget(deps, run, max_transcript_tokens)
     end = prefix_end(txn, deps.db, key, run, iteration)
@@ -317,6 +324,13 @@ def persist(deps: Deps, txn: Txn, key: bytes, run: Run, iteration: int, chosen: 
 
 def from_record(deps: Deps, txn: Txn, key: bytes, run_id: str, iteration: int, record: WindowRecord,
                 with_ranges: bool = False) -> TranscriptWindow:
+    """The window persisted for ``iteration``, read back as it was fed."""
+    with phase("read"):
+        return _from_record(deps, txn, key, run_id, iteration, record, with_ranges)
+
+
+def _from_record(deps: Deps, txn: Txn, key: bytes, run_id: str, iteration: int, record: WindowRecord,
+                 with_ranges: bool) -> TranscriptWindow:
     db = deps.db
     start, end = record.start, record.end
     records = read_records(txn, db, key, start, end)

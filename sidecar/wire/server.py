@@ -35,6 +35,7 @@ from sidecar.memory.compaction import BackgroundJob, Compactor
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.settings import ConfigError, Settings
 from sidecar.storage.environment import Store
+from sidecar.telemetry.tracing import Tracing
 from sidecar.tenant_events.log import TenantEventLog
 from sidecar.text.counting import Counters
 from sidecar.text.redaction import Redactor
@@ -230,17 +231,22 @@ def servicer_for(settings: Settings, services: Services) -> ContextSidecarServic
                                   services.redactor, capabilities, TenantOf(settings.auth.tenants))
 
 
-def build_server(settings: Settings, services: Services,
-                 in_flight: InFlightCalls | None = None) -> tuple[grpc.Server, int, health.HealthServicer]:
-    """A server bound to ``[server] listen`` (port 0 picks a free port), not yet started."""
+def build_server(settings: Settings, services: Services, in_flight: InFlightCalls | None = None,
+                 tracing: Tracing | None = None) -> tuple[grpc.Server, int, health.HealthServicer]:
+    """A server bound to ``[server] listen`` (port 0 picks a free port), not yet started.
+    ``tracing``: each ContextSidecar call a span (``Tracing.start``; None: no tracing)."""
     limit = settings.server.max_message_bytes
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=settings.server.max_workers, thread_name_prefix="rpc"),
         options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit),
                  # Two sidecars must not silently share a port.
                  ("grpc.so_reuseport", 0)])
-    add_servicer_to_server(servicer_for(settings, services), server,
-                           in_flight.track if in_flight else lambda behavior: behavior)
+    traced = tracing.rpcs(SERVICE_NAME) if tracing else lambda behavior: behavior
+
+    def wrap(behavior: Callable) -> Callable:  # each wrap is given the servicer's method, named after the RPC
+        return in_flight.track(traced(behavior)) if in_flight else traced(behavior)
+
+    add_servicer_to_server(servicer_for(settings, services), server, wrap)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for name in ("", SERVICE_NAME):
@@ -269,9 +275,10 @@ def bound_address(listen: str, port: int) -> str:
 
 def serve(settings: Settings, ready: threading.Event | None = None) -> int:
     """Run until SIGTERM or SIGINT: NOT_SERVING first, then in-flight calls get the grace period."""
+    tracing = Tracing.start(settings.tracing)  # enabled without the otel extra: a ConfigError, before anything opens
     services = Services.open(settings)
     in_flight = InFlightCalls()
-    server, port, health_servicer = build_server(settings, services, in_flight)
+    server, port, health_servicer = build_server(settings, services, in_flight, tracing)
     stopping = threading.Event()
 
     def request_stop(signum: int, frame: object) -> None:
@@ -300,5 +307,7 @@ def serve(settings: Settings, ready: threading.Event | None = None) -> int:
     server.stop(0)  # ends what is left: health Watch streams, or calls past the grace period
     stopped.wait()
     services.close()
+    if tracing:
+        tracing.shutdown()  # the spans still batched are exported
     log.info("stopped")
     return 0
