@@ -35,6 +35,7 @@ from sidecar.memory.compaction import BackgroundJob, Compactor
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.settings import ConfigError, Settings
 from sidecar.storage.environment import Store
+from sidecar.telemetry import logs
 from sidecar.tenant_events.log import TenantEventLog
 from sidecar.text.counting import Counters
 from sidecar.text.redaction import Redactor
@@ -239,8 +240,9 @@ def build_server(settings: Settings, services: Services,
         options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit),
                  # Two sidecars must not silently share a port.
                  ("grpc.so_reuseport", 0)])
+    track = in_flight.track if in_flight else lambda behavior: behavior
     add_servicer_to_server(servicer_for(settings, services), server,
-                           in_flight.track if in_flight else lambda behavior: behavior)
+                           lambda behavior: track(logs.logged(behavior)))
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for name in ("", SERVICE_NAME):
