@@ -3,17 +3,28 @@
 from __future__ import annotations
 
 import argparse
-import logging
+import json
 import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from sidecar.settings import CONFIG_ENV, ConfigError, env_name, flag_name, load_settings, option_fields
+from sidecar.settings import (
+    CONFIG_ENV,
+    ConfigError,
+    Settings,
+    env_name,
+    flag_name,
+    load_settings_and_sources,
+    option_fields,
+)
+from sidecar.telemetry import logs
 
 # The contract as the package ships it (scripts/generate_stubs.py copies it there): the include
 # root of contextsidecar/v1/sidecar.proto and of the google/rpc files that decode its errors.
 CONTRACT_ROOT = Path(__file__).resolve().parent / "pb"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+LOG_LEVEL = "INFO"  # --log-level's default
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -27,15 +38,16 @@ def _parser() -> argparse.ArgumentParser:
         description="Run the sidecar until SIGTERM or SIGINT. Each setting below can also come from "
                     "a TOML file (--config) or an environment variable CONTEXT_SIDECAR_<SECTION>_<KEY>; "
                     "flags win over the environment, which wins over the file.")
-    serve.add_argument("--config", metavar="FILE", help=f"TOML configuration file (or ${CONFIG_ENV})")
-    serve.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
-                       help="logging threshold; default: INFO")
-    for section, option in option_fields():
-        kind = bool if isinstance(option.default, bool) else None
-        help_text = f"{option.metadata['help']} ([{section}] {option.name}, ${env_name(section, option.name)})"
-        serve.add_argument(flag_name(section, option), dest=f"{section}.{option.name}", default=None,
-                           help=help_text + f"; default: {option.default!r}",
-                           **({"action": argparse.BooleanOptionalAction} if kind is bool else {"metavar": "VALUE"}))
+    _add_setting_flags(serve)
+    config = commands.add_parser(
+        "config", help="print every effective setting and where it came from",
+        description="Print each setting serve would run with, given the same flags, environment and file "
+                    "(a plugin or state schema is checked only by serve): section, key, value and its source: "
+                    "default, file <path>, env CONTEXT_SIDECAR_<SECTION>_<KEY> or flag --<name>. "
+                    "[[auth.tenants]]: how many, and their ids.")
+    _add_setting_flags(config)
+    config.add_argument("--json", action="store_true",
+                        help="print one JSON array of {section, key, value, source} objects instead of a table")
     proto = commands.add_parser(
         "proto", help="print the include root of the API's .proto files, or write them out",
         description="The API this sidecar serves, as its package ships it: contextsidecar/v1/sidecar.proto "
@@ -45,6 +57,19 @@ def _parser() -> argparse.ArgumentParser:
                        help="copy the files under DIR (DIR/contextsidecar/v1/sidecar.proto, DIR/google/rpc/...) "
                             "and print each path written")
     return parser
+
+
+def _add_setting_flags(command: argparse.ArgumentParser) -> None:
+    """--config, --log-level and one flag per setting: what serve runs with, and config shows."""
+    command.add_argument("--config", metavar="FILE", help=f"TOML configuration file (or ${CONFIG_ENV})")
+    command.add_argument("--log-level", default=None, choices=LOG_LEVELS,
+                         help=f"logging threshold; default: {LOG_LEVEL}")
+    for section, option in option_fields():
+        kind = bool if isinstance(option.default, bool) else None
+        help_text = f"{option.metadata['help']} ([{section}] {option.name}, ${env_name(section, option.name)})"
+        command.add_argument(flag_name(section, option), dest=f"{section}.{option.name}", default=None,
+                             help=help_text + f"; default: {option.default!r}",
+                             **({"action": argparse.BooleanOptionalAction} if kind is bool else {"metavar": "VALUE"}))
 
 
 def write_contract(directory: Path) -> list[Path]:
@@ -63,6 +88,41 @@ def _section_and_key(dest: str) -> tuple[str, str]:
     return section, key
 
 
+def _settings(args: argparse.Namespace) -> tuple[Settings, dict[tuple[str, str], str]]:
+    overrides = {_section_and_key(dest): value for dest, value in vars(args).items() if "." in dest}
+    return load_settings_and_sources(args.config, overrides=overrides)
+
+
+def config_rows(settings: Settings, sources: dict[tuple[str, str], str], log_level: str | None) -> list[dict]:
+    """Each setting's section, key, effective value and source; then the log level (a flag only)
+    and the tenants (their count and ids: nothing of their tokens)."""
+    rows = []
+    for section, option in option_fields():
+        value = getattr(getattr(settings, section.replace(".", "_")), option.name)
+        rows.append({"section": section, "key": option.name,
+                     "value": list(value) if isinstance(value, tuple) else value,
+                     "source": sources[(section, option.name)]})
+    rows.append({"section": "log", "key": "level", "value": log_level or LOG_LEVEL,
+                 "source": "flag --log-level" if log_level else "default"})
+    ids = [tenant.tenant_id for tenant in settings.auth.tenants]
+    rows.append({"section": "auth", "key": "tenants", "value": {"count": len(ids), "ids": ids},
+                 "source": sources[("auth", "tenants")]})
+    return rows
+
+
+def config_table(rows: list[dict]) -> str:
+    """The rows as an aligned table; values as TOML writes them (tenants: their count and ids)."""
+    def shown(row: dict) -> str:
+        value = row["value"]
+        if row["section"] == "auth":
+            return f"{value['count']}" + (f" ({', '.join(value['ids'])})" if value["ids"] else "")
+        return json.dumps(value)
+    lines = [("section", "key", "value", "source"), *((r["section"], r["key"], shown(r), r["source"]) for r in rows)]
+    widths = [max(len(line[column]) for line in lines) for column in range(3)]
+    return "\n".join("  ".join([*(cell.ljust(width) for cell, width in zip(line, widths)), line[3]])
+                     for line in lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "proto":
@@ -72,13 +132,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"context-sidecar: cannot write the contract: {error}", file=sys.stderr)
             return 1
         return 0
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    overrides = {_section_and_key(dest): value for dest, value in vars(args).items() if "." in dest}
     try:
-        settings = load_settings(args.config, overrides=overrides)
+        settings, sources = _settings(args)
     except ConfigError as error:
         print(f"context-sidecar: configuration error: {error}", file=sys.stderr)
         return 2
+    if args.command == "config":
+        rows = config_rows(settings, sources, args.log_level)
+        print(json.dumps(rows, indent=2) if args.json else config_table(rows))
+        return 0
+    logs.configure(args.log_level or LOG_LEVEL, settings.log.format)
     try:
         # The compiled fastcore is imported here, through the domain: no Python fallback exists.
         from sidecar.wire.server import serve

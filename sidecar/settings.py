@@ -348,9 +348,20 @@ def load_settings(config_path: str | None = None, env: Mapping[str, str] | None 
     ``overrides`` maps (section, key) to a value (from command-line flags); None values are
     ignored so that an absent flag does not hide the environment or the file.
     """
+    return load_settings_and_sources(config_path, env, overrides)[0]
+
+
+def load_settings_and_sources(config_path: str | None = None, env: Mapping[str, str] | None = None,
+                              overrides: Mapping[tuple[str, str], Any] | None = None
+                              ) -> tuple[Settings, dict[tuple[str, str], str]]:
+    """:func:`load_settings`, and where each value came from: (section, key) -> ``"default"``,
+    ``"file <path>"``, ``"env CONTEXT_SIDECAR_..."`` or ``"flag --..."``; ``("auth", "tenants")``
+    is ``"file <path>"`` when the file declares ``[auth]``."""
     env = os.environ if env is None else env
     values: dict[str, dict[str, Any]] = {section: {} for section in SECTIONS}
     known = {section: {f.name: f for f in dataclasses.fields(cls)} for section, cls in SECTIONS.items()}
+    sources = {(section, key): "default" for section in known for key in known[section]}
+    sources[("auth", "tenants")] = "default"
 
     config_path = config_path or env.get(CONFIG_ENV) or None
     tenants: tuple[TenantCredential, ...] = ()
@@ -362,6 +373,8 @@ def load_settings(config_path: str | None = None, env: Mapping[str, str] | None 
             raise ConfigError(f"config file {config_path}: {exc.strerror}") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {config_path}: not valid TOML: {exc}") from None
+        if "auth" in document:
+            sources[("auth", "tenants")] = f"file {config_path}"
         tenants = _tenants(document.pop("auth", {}), config_path)
         tables = list(document.items())
         while tables:
@@ -377,6 +390,7 @@ def load_settings(config_path: str | None = None, env: Mapping[str, str] | None 
                 if key not in known[section]:
                     raise ConfigError(f"config file {config_path}: unknown key [{section}] {key}")
                 values[section][key] = _coerce(section, known[section][key], value, config_path)
+                sources[(section, key)] = f"file {config_path}"
 
     env_keys = {env_name(section, key): (section, key) for section in known for key in known[section]}
     for name, value in env.items():
@@ -386,15 +400,17 @@ def load_settings(config_path: str | None = None, env: Mapping[str, str] | None 
             raise ConfigError(f"environment variable {name} names no setting")
         section, key = env_keys[name]
         values[section][key] = _coerce(section, known[section][key], value, name)
+        sources[(section, key)] = f"env {name}"
 
     for (section, key), value in (overrides or {}).items():
         if value is not None:
             values[section][key] = _coerce(section, known[section][key], value, "command line")
+            sources[(section, key)] = f"flag {flag_name(section, known[section][key])}"
 
     settings = Settings(**{section.replace(".", "_"): SECTIONS[section](**values[section]) for section in SECTIONS},
                         auth=AuthSettings(tenants))
     _check_relations(settings)
-    return settings
+    return settings, sources
 
 
 def _tenants(auth: Any, source: str) -> tuple[TenantCredential, ...]:

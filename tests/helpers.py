@@ -12,6 +12,7 @@ import signal
 import struct
 import subprocess
 import sys
+import tempfile
 import unicodedata
 from pathlib import Path
 
@@ -220,7 +221,9 @@ READY = "context-sidecar serving on "
 
 
 class Sidecar:
-    """``python -m sidecar serve ...`` in a subprocess, ready once it prints its address."""
+    """``python -m sidecar serve ...`` in a subprocess, ready once it prints its address. Its
+    flags follow the defaults given here (the last of a flag wins); its stderr, the log, goes to
+    a file (a pipe nobody reads would stall a chatty sidecar): :meth:`log` reads it."""
 
     def __init__(self, tmp_path: Path, *flags: str, env: dict[str, str] | None = None) -> None:
         self.data = tmp_path / "data"
@@ -228,22 +231,30 @@ class Sidecar:
                    "--log-level", "INFO", *flags]
         if not any(flag == "--listen" for flag in flags):
             command += ["--listen", "127.0.0.1:0"]
-        self.process = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        text=True, env={**os.environ, **(env or {})})
+        handle, name = tempfile.mkstemp(prefix="sidecar-", suffix=".stderr", dir=tmp_path)
+        self.stderr_path = Path(name)
+        with os.fdopen(handle, "w") as stderr:
+            self.process = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=stderr,
+                                            text=True, env={**os.environ, **(env or {})})
         line = self.process.stdout.readline()
         if not line.startswith(READY):
             self.process.kill()
-            raise AssertionError(f"sidecar did not start: {line!r} {self.process.stderr.read()}")
+            self.process.wait()
+            raise AssertionError(f"sidecar did not start: {line!r} {self.log()}")
         self.address = line[len(READY):].strip()
         self.channel = grpc.insecure_channel(self.address)
         self.stub = pb_grpc.ContextSidecarStub(self.channel)
         self.health = health_pb2_grpc.HealthStub(self.channel)
 
+    def log(self) -> str:
+        """What the sidecar wrote to stderr so far."""
+        return self.stderr_path.read_text(encoding="utf-8")
+
     def stop(self, sig: int = signal.SIGTERM) -> tuple[int, str]:
         self.process.send_signal(sig)
-        _, stderr = self.process.communicate(timeout=30)
+        self.process.communicate(timeout=30)
         self.channel.close()
-        return self.process.returncode, stderr
+        return self.process.returncode, self.log()
 
 
 def run_cli(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

@@ -107,7 +107,8 @@ def layer_imported(name: str) -> str | None:
     return "area" if first in AREA_DATABASES else first
 
 
-# a. Layers: sidecar/wire -> areas -> storage, text, fastcore; errors, settings, validation below all.
+# a. Layers: sidecar/wire -> areas -> storage, text, fastcore; errors, settings, validation below all;
+# sidecar/telemetry beside them, for every layer to record to (it imports only settings and errors).
 # sidecar/client stands beside the wire: grpc and the API stubs, nothing else of the sidecar (a host
 # imports it without the server's dependencies), and nothing of the sidecar imports it.
 
@@ -131,6 +132,8 @@ def layer_violation(layer: str, relative: Path, name: str) -> str | None:
         return "which only sidecar/storage/codec.py may import"
     if layer == "fastcore" and within(name, "sidecar", "lmdb", "grpc", "google"):
         return "but fastcore takes plain values in and out"
+    if layer == "telemetry" and target not in (None, "telemetry", "shared errors", "shared settings"):
+        return "but sidecar/telemetry imports nothing of the sidecar except settings and errors"
     if layer == "shared" and target not in (None, "shared errors"):
         return "but errors, settings and validation import nothing of the sidecar except sidecar.errors"
     if target in FORBIDDEN.get(layer, ()):
@@ -477,7 +480,9 @@ LAWFUL = {
     "sidecar/storage/databases.py": DATABASES,
     "sidecar/storage/environment.py": "import lmdb\n\ndef open(env):\n    return env.open_db(b'events')\n",
     "sidecar/storage/codec.py": "import fastcore\nfrom sidecar.pb.contextsidecar.storage.v1 import records_pb2\n",
-    "sidecar/storage/keys.py": "from ..errors import NotFound\n",
+    "sidecar/storage/keys.py": "from ..errors import NotFound\nfrom sidecar.telemetry import logs\n",
+    "sidecar/telemetry/logs.py": ("import logging\nfrom sidecar.settings import LogSettings\n"
+                                  "from ..errors import SidecarError\n"),
     "sidecar/text/fencing.py": "from sidecar.errors import ValidationError\n",
     "sidecar/memory/__init__.py": "",
     "sidecar/memory/schema.py": "import lmdb\n",
@@ -549,6 +554,12 @@ BREAKS = [
      "fastcore/_search.pyx: imports lmdb, but fastcore takes plain values"),
     ("layers", {"fastcore/_matcher.pyx": "from google.protobuf cimport message\n"},
      "fastcore/_matcher.pyx: imports google.protobuf, but fastcore"),
+    ("layers", {"sidecar/telemetry/logs.py": "from sidecar.wire.status import to_status\n"},
+     "sidecar/telemetry/logs.py: imports sidecar.wire.status, but sidecar/telemetry imports nothing of the sidecar"),
+    ("layers", {"sidecar/telemetry/logs.py": "from sidecar.validation import check_id\n"},
+     "sidecar/telemetry/logs.py: imports sidecar.validation, but sidecar/telemetry imports nothing"),
+    ("layers", {"sidecar/telemetry/logs.py": "import grpc\n"},
+     "sidecar/telemetry/logs.py: imports grpc, which only sidecar/wire and sidecar/client may import"),
     ("plugins", {"tests/plugin/plugin.py": "from sidecar.context_window.policy import HookCall\n"},
      "tests/plugin/plugin.py: imports sidecar.context_window.policy; a plugin may import only sidecar.plugin_api"),
     # b. lmdb

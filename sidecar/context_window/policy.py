@@ -37,6 +37,7 @@ from typing import Any, Generic, TypeVar
 
 from sidecar.context_window.profiles import AGENTS, PARTICIPANTS, PLAN, SKILL_PREFIX, SYSTEM_PROMPT, TASK
 from sidecar.errors import PluginFailed
+from sidecar.telemetry import logs
 
 log = logging.getLogger(__name__)
 
@@ -152,8 +153,8 @@ class Policy:
         call = HookCall(given, result)
         try:
             getattr(self._plugin, hook)(call)
-        except Exception:
-            log.exception("plugin %r: compaction.%s raised", self.name, hook)
+        except Exception as error:  # its traceback, not its message: that may quote the content it was given
+            log.error("plugin %r: compaction.%s raised", self.name, hook, extra=logs.failure(error))
             raise PluginFailed(f"plugin {self.name!r}: compaction.{hook} raised (see the sidecar's log)") from None
         return call.result
 

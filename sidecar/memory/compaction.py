@@ -30,6 +30,7 @@ from sidecar.memory.index import terms
 from sidecar.memory.schema import CompactionRecord, MemoryDatabases
 from sidecar.settings import MemoryCompactionSettings
 from sidecar.storage.keys import Txn, scope
+from sidecar.telemetry import logs
 from sidecar.tenant_events.log import Event, TenantEventLog, timestamp
 from sidecar.text.counting import TokenCounter
 from sidecar.validation import check_at_least, check_id
@@ -195,7 +196,9 @@ class Compactor:
             try:
                 outcomes.append(self.compact(tenant, memory_ref, trigger="host-managed"))
             except SidecarError as error:  # this ref waits for the next round; the others go on
-                log.warning("compaction of %s in tenant %s skipped: %s", memory_ref, tenant, error.message)
+                # The error's code, not its message, and the ref only at DEBUG: a host may name refs freely.
+                log.warning("compaction of a memory ref of tenant %s skipped: %s", tenant, error.code)
+                log.debug("the memory ref skipped: %s", memory_ref)
         return outcomes
 
 
@@ -226,5 +229,5 @@ class BackgroundJob:
                 outcomes = self._compactor.run_round()
                 if outcomes:
                     log.info("compaction round: %d ref(s) compacted", sum(o.created for o in outcomes))
-            except Exception:  # the job must outlive one bad round
-                log.exception("compaction round failed")
+            except Exception as error:  # the job must outlive one bad round
+                log.error("compaction round failed", extra=logs.failure(error))

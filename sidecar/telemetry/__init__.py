@@ -1,1 +1,1 @@
-"""Observability shared by every layer: metrics, traces, logs (each optional, each off costs a check)."""
+"""Observability that every layer may record to: metrics, traces and logs (imports only settings and errors)."""

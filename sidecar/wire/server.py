@@ -35,6 +35,7 @@ from sidecar.memory.compaction import BackgroundJob, Compactor
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.settings import ConfigError, Settings
 from sidecar.storage.environment import Store
+from sidecar.telemetry import logs
 from sidecar.telemetry.tracing import Tracing
 from sidecar.tenant_events.log import TenantEventLog
 from sidecar.text.counting import Counters
@@ -244,7 +245,8 @@ def build_server(settings: Settings, services: Services, in_flight: InFlightCall
     traced = tracing.rpcs(SERVICE_NAME) if tracing else lambda behavior: behavior
 
     def wrap(behavior: Callable) -> Callable:  # each wrap is given the servicer's method, named after the RPC
-        return in_flight.track(traced(behavior)) if in_flight else traced(behavior)
+        observed = traced(logs.logged(behavior))  # the log line's duration excludes the span's own cost
+        return in_flight.track(observed) if in_flight else observed
 
     add_servicer_to_server(servicer_for(settings, services), server, wrap)
     health_servicer = health.HealthServicer()

@@ -22,6 +22,7 @@ from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from sidecar.errors import STATUS_NAMES, Deadline, SidecarError, ValidationError
+from sidecar.telemetry import logs
 
 log = logging.getLogger(__name__)
 ERROR_DOMAIN = "context-sidecar"
@@ -123,13 +124,13 @@ def answers_errors(method: Handler) -> Handler:
     """Wrap a servicer method, unary or streaming: domain errors become their status, anything
     else INTERNAL; a malformed request or a deadline already past stops the call before any work.
 
-    An unexpected exception is logged with its traceback here and answered with no internals:
-    its message could quote stored content.
+    An unexpected exception is logged here with its traceback but not its message, and answered
+    with no internals: its message could quote stored content (``sidecar.telemetry.logs``).
     """
 
     def abort(error: Exception, context: grpc.ServicerContext) -> None:
         if not isinstance(error, SidecarError):
-            log.error("internal error in %s", method.__name__, exc_info=error)
+            log.error("internal error in %s", method.__name__, extra=logs.failure(error))
             error = SidecarError("internal error")
         context.abort_with_status(to_status(error))
 
