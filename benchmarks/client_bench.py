@@ -34,6 +34,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from benchmarks.harness import interleaved
+from sidecar.bench.report import percentile
 from sidecar.client import Client
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
@@ -52,7 +53,7 @@ def content(i: int) -> str:
 
 
 def p50_us(seconds: list[float]) -> float:
-    return sorted(seconds)[len(seconds) // 2] * 1e6
+    return percentile(seconds, 0.5) * 1e6
 
 
 def timed(health: Callable[[], object], assemble: Callable[[], object], rounds: int) -> tuple[float, float]:

@@ -1,4 +1,5 @@
-"""What the benchmarks share: a real sidecar process, percentile samples, interleaved rounds."""
+"""What the benchmarks share: a real sidecar process, percentile samples (by sidecar.bench.report's
+percentile), interleaved rounds; their corpus is benchmarks/corpus.py (sidecar.bench.workload's)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from pathlib import Path
 
 import grpc
 
+from sidecar.bench.report import percentile
+
 READY = "context-sidecar serving on "
 
 
@@ -21,9 +24,8 @@ class Samples:
     seconds: list[float] = field(default_factory=list)
 
     def percentile(self, fraction: float) -> float:
-        """Microseconds."""
-        ordered = sorted(self.seconds)
-        return ordered[min(len(ordered) - 1, int(len(ordered) * fraction))] * 1e6
+        """Microseconds; the nearest rank, as ``context-sidecar bench`` reports."""
+        return percentile(self.seconds, fraction) * 1e6
 
     @property
     def p50(self) -> float:

@@ -56,6 +56,9 @@ def _parser() -> argparse.ArgumentParser:
     proto.add_argument("--write", metavar="DIR", type=Path,
                        help="copy the files under DIR (DIR/contextsidecar/v1/sidecar.proto, DIR/google/rpc/...) "
                             "and print each path written")
+    # Listed here for --help; its arguments are its own (sidecar/bench/command.py), read in main().
+    commands.add_parser("bench", add_help=False,
+                        help="measure a running sidecar with synthetic agent turns (bench --help)")
     return parser
 
 
@@ -124,6 +127,11 @@ def config_table(rows: list[dict]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:  # a host-side tool over sidecar.client: imported only when asked for
+        from sidecar.bench.command import main as bench
+
+        return bench(argv[1:])
     args = _parser().parse_args(argv)
     if args.command == "proto":
         try:

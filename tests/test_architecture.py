@@ -84,7 +84,8 @@ def outermost(names: set[str]) -> list[str]:
 
 
 def layer_of(relative: Path) -> str:
-    """wire, client, entry, area, storage, text, shared, fastcore, or package (sidecar/__init__, plugin_api)."""
+    """wire, client, bench, entry, area, storage, text, shared, fastcore, or package (sidecar/__init__,
+    plugin_api)."""
     parts = relative.parts
     if parts[0] == "fastcore":
         return "fastcore"
@@ -110,7 +111,9 @@ def layer_imported(name: str) -> str | None:
 # a. Layers: sidecar/wire -> areas -> storage, text, fastcore; errors, settings, validation below all;
 # sidecar/telemetry beside them, for every layer to record to (it imports only settings and errors).
 # sidecar/client stands beside the wire: grpc and the API stubs, nothing else of the sidecar (a host
-# imports it without the server's dependencies), and nothing of the sidecar imports it.
+# imports it without the server's dependencies), and nothing of the sidecar imports it but
+# sidecar/bench, a host-side tool above it: the bench imports of the sidecar only the client (and
+# no grpc or stubs of its own: it calls as a host does), and only the entry (cli.py) imports it.
 
 FORBIDDEN = {
     "area": {"wire", "entry"},
@@ -126,8 +129,12 @@ def layer_violation(layer: str, relative: Path, name: str) -> str | None:
         return "which only sidecar/wire and sidecar/client may import"
     if layer == "client" and target not in (None, "client", "API stubs"):
         return "but sidecar/client imports nothing of the sidecar except the API stubs"
-    if target == "client" and layer != "client":
-        return "but nothing of the sidecar imports sidecar/client"
+    if target == "client" and layer not in ("client", "bench"):
+        return "but nothing of the sidecar imports sidecar/client (except sidecar/bench)"
+    if layer == "bench" and target not in (None, "bench", "client"):
+        return "but sidecar/bench imports nothing of the sidecar except sidecar/client"
+    if target == "bench" and layer not in ("bench", "entry"):
+        return "but nothing of the sidecar imports sidecar/bench except sidecar/cli.py"
     if target == "storage stubs" and relative.as_posix() != "sidecar/storage/codec.py":
         return "which only sidecar/storage/codec.py may import"
     if layer == "fastcore" and within(name, "sidecar", "lmdb", "grpc", "google"):
@@ -379,8 +386,8 @@ def shared_helpers_violations(root: Path) -> list[str]:
 def test_the_real_tree_is_read_whole() -> None:
     found = sources(ROOT)
     assert len(found) > 40 and Path("fastcore/_fastcore.pyx") in found and Path("sidecar/wire/server.py") in found
-    assert all(layer_of(path) in ("wire", "client", "entry", "area", "storage", "text", "shared", "telemetry",
-                                  "fastcore", "package")
+    assert all(layer_of(path) in ("wire", "client", "bench", "entry", "area", "storage", "text", "shared",
+                                  "telemetry", "fastcore", "package")
                for path in found), {path: layer_of(path) for path in found}
     assert "sidecar.pb.contextsidecar.v1.sidecar_pb2" in imported(ROOT, Path("sidecar/wire/servicer.py"))
 
@@ -468,7 +475,8 @@ class NotFound(SidecarError):
 LAWFUL = {
     "sidecar/__init__.py": "",
     "sidecar/__main__.py": "from sidecar.cli import main\n",
-    "sidecar/cli.py": "from sidecar.wire.server import serve\nfrom sidecar.settings import load_settings\n",
+    "sidecar/cli.py": ("from sidecar.wire.server import serve\nfrom sidecar.settings import load_settings\n\n\n"
+                       "def bench(argv):\n    from sidecar.bench.command import main\n"),
     "sidecar/errors.py": ERRORS,
     "sidecar/settings.py": "import tomllib\n",
     "sidecar/validation.py": "import jsonschema\n\nfrom sidecar.errors import ValidationError\n",
@@ -477,6 +485,8 @@ LAWFUL = {
                                "from sidecar.memory import api\n"),
     "sidecar/client/sync.py": ("import grpc\nfrom grpc_health.v1 import health_pb2\nfrom google.rpc import status_pb2\n"
                                "from sidecar.pb.contextsidecar.v1 import sidecar_pb2\nfrom .calls import call_error\n"),
+    "sidecar/bench/run.py": ("from sidecar.client import Client, SidecarCallError\nfrom .workload import Sizes\n"
+                             "\n\ndef draw():\n    import matplotlib.pyplot\n"),
     "sidecar/storage/databases.py": DATABASES,
     "sidecar/storage/environment.py": "import lmdb\n\ndef open(env):\n    return env.open_db(b'events')\n",
     "sidecar/storage/codec.py": "import fastcore\nfrom sidecar.pb.contextsidecar.storage.v1 import records_pb2\n",
@@ -531,6 +541,18 @@ BREAKS = [
      "sidecar/client/aio.py: imports sidecar.wire.status, but sidecar/client imports nothing of the sidecar"),
     ("layers", {"sidecar/wire/servicer.py": "from sidecar.client import Client\n"},
      "sidecar/wire/servicer.py: imports sidecar.client, but nothing of the sidecar imports sidecar/client"),
+    ("layers", {"sidecar/bench/run.py": "from sidecar.wire.server import serve\n"},
+     "sidecar/bench/run.py: imports sidecar.wire.server, but sidecar/bench imports nothing of the sidecar except"),
+    ("layers", {"sidecar/bench/report.py": "def f():\n    from sidecar.errors import SidecarError\n"},
+     "sidecar/bench/report.py: imports sidecar.errors, but sidecar/bench imports nothing of the sidecar except"),
+    ("layers", {"sidecar/bench/run.py": "import grpc\n"},
+     "sidecar/bench/run.py: imports grpc, which only sidecar/wire and sidecar/client may import"),
+    ("layers", {"sidecar/bench/run.py": "from sidecar.pb.contextsidecar.v1 import sidecar_pb2\n"},
+     "sidecar/bench/run.py: imports sidecar.pb.contextsidecar.v1, which only sidecar/wire and sidecar/client"),
+    ("layers", {"sidecar/wire/server.py": "from sidecar.bench.workload import Sizes\n"},
+     "sidecar/wire/server.py: imports sidecar.bench.workload, but nothing of the sidecar imports sidecar/bench"),
+    ("layers", {"sidecar/client/sync.py": "from sidecar.bench import report\n"},
+     "sidecar/client/sync.py: imports sidecar.bench, but sidecar/client imports nothing of the sidecar except"),
     ("layers", {"sidecar/transcript/log.py": "from sidecar.wire import status\n"},
      "sidecar/transcript/log.py: imports sidecar.wire, but the area layer may not import the wire layer"),
     ("layers", {"sidecar/tenant_events/log.py": "import sidecar.cli\n"}, "the area layer may not import the entry"),
