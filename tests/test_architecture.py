@@ -690,3 +690,9 @@ def test_event_records_are_window_entries_on_the_wire() -> None:
     assert (entry.event_id, entry.seq, entry.iteration, entry.role, entry.type, entry.call_id, entry.text,
             entry.tokens, entry.clipped_from_tokens) == ("e1", 3, 2, "tool", "tool_result", "k", "héllo", 5, 0)
     assert len(unknown_fields.UnknownFieldSet(entry)) == 0
+
+
+def test_the_readme_stays_a_front_door() -> None:
+    """At most 8,000 characters: what it is, the two commands, a turn, the guarantees, the speed,
+    the map; reference material belongs on a docs/ page."""
+    assert len((ROOT / "README.md").read_text(encoding="utf-8")) <= 8000
