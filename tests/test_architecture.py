@@ -84,7 +84,8 @@ def outermost(names: set[str]) -> list[str]:
 
 
 def layer_of(relative: Path) -> str:
-    """wire, client, entry, area, storage, text, shared, fastcore, or package (sidecar/__init__, plugin_api)."""
+    """wire, client, entry, area, storage, text, telemetry, shared, fastcore, or package (sidecar/__init__,
+    plugin_api)."""
     parts = relative.parts
     if parts[0] == "fastcore":
         return "fastcore"
@@ -110,6 +111,8 @@ def layer_imported(name: str) -> str | None:
 # a. Layers: sidecar/wire -> areas -> storage, text, fastcore; errors, settings, validation below all.
 # sidecar/client stands beside the wire: grpc and the API stubs, nothing else of the sidecar (a host
 # imports it without the server's dependencies), and nothing of the sidecar imports it.
+# sidecar/telemetry is cross-cutting like errors and settings: every layer of the server may import
+# it, and it imports nothing of the sidecar except those two.
 
 FORBIDDEN = {
     "area": {"wire", "entry"},
@@ -133,6 +136,8 @@ def layer_violation(layer: str, relative: Path, name: str) -> str | None:
         return "but fastcore takes plain values in and out"
     if layer == "shared" and target not in (None, "shared errors"):
         return "but errors, settings and validation import nothing of the sidecar except sidecar.errors"
+    if layer == "telemetry" and target not in (None, "telemetry", "shared errors", "shared settings"):
+        return "but sidecar/telemetry imports nothing of the sidecar except sidecar.settings and sidecar.errors"
     if target in FORBIDDEN.get(layer, ()):
         return f"but the {layer} layer may not import the {target} layer"
     return None
@@ -376,8 +381,10 @@ def shared_helpers_violations(root: Path) -> list[str]:
 def test_the_real_tree_is_read_whole() -> None:
     found = sources(ROOT)
     assert len(found) > 40 and Path("fastcore/_fastcore.pyx") in found and Path("sidecar/wire/server.py") in found
-    assert all(layer_of(path) in ("wire", "client", "entry", "area", "storage", "text", "shared", "fastcore", "package")
+    assert all(layer_of(path) in ("wire", "client", "entry", "area", "storage", "text", "telemetry", "shared",
+                                  "fastcore", "package")
                for path in found), {path: layer_of(path) for path in found}
+    assert Path("sidecar/telemetry/metrics.py") in found
     assert "sidecar.pb.contextsidecar.v1.sidecar_pb2" in imported(ROOT, Path("sidecar/wire/servicer.py"))
 
 
@@ -470,17 +477,23 @@ LAWFUL = {
     "sidecar/validation.py": "import jsonschema\n\nfrom sidecar.errors import ValidationError\n",
     "sidecar/wire/server.py": ("import grpc\nfrom grpc_status import rpc_status\nfrom google.rpc import status_pb2\n"
                                "from sidecar.pb.contextsidecar.v1 import sidecar_pb2\n"
-                               "from sidecar.memory import api\n"),
+                               "from sidecar.memory import api\nfrom sidecar.telemetry.metrics import Metrics\n"),
     "sidecar/client/sync.py": ("import grpc\nfrom grpc_health.v1 import health_pb2\nfrom google.rpc import status_pb2\n"
                                "from sidecar.pb.contextsidecar.v1 import sidecar_pb2\nfrom .calls import call_error\n"),
     "sidecar/storage/databases.py": DATABASES,
-    "sidecar/storage/environment.py": "import lmdb\n\ndef open(env):\n    return env.open_db(b'events')\n",
     "sidecar/storage/codec.py": "import fastcore\nfrom sidecar.pb.contextsidecar.storage.v1 import records_pb2\n",
     "sidecar/storage/keys.py": "from ..errors import NotFound\n",
-    "sidecar/text/fencing.py": "from sidecar.errors import ValidationError\n",
+    "sidecar/storage/environment.py": ("import lmdb\nfrom sidecar.telemetry import metrics\n\n\ndef open(env):\n"
+                                       "    return env.open_db(b'events')\n"),
+    "sidecar/text/fencing.py": "from sidecar.errors import ValidationError\nfrom sidecar.telemetry import metrics\n",
+    "sidecar/telemetry/__init__.py": "",
+    "sidecar/telemetry/metrics.py": ("import prometheus_client\nfrom sidecar.settings import MetricsSettings\n"
+                                     "from ..errors import SidecarError\nfrom . import tracing\n"),
+    "sidecar/telemetry/tracing.py": "",
     "sidecar/memory/__init__.py": "",
     "sidecar/memory/schema.py": "import lmdb\n",
     "sidecar/memory/api.py": ("from sidecar.storage.keys import Txn\nfrom sidecar.text import fencing\n"
+                              "from sidecar.telemetry import metrics\n"
                               "from . import schema\nfrom sidecar.errors import SidecarError\n\n\n"
                               "class Forgotten(SidecarError):\n    code = 'forgotten'\n    status = 'NOT_FOUND'\n\n\n"
                               "def read(store, txn):\n    db = store.handles('memory')\n"
@@ -548,6 +561,14 @@ BREAKS = [
      "fastcore/_search.pyx: imports lmdb, but fastcore takes plain values"),
     ("layers", {"fastcore/_matcher.pyx": "from google.protobuf cimport message\n"},
      "fastcore/_matcher.pyx: imports google.protobuf, but fastcore"),
+    ("layers", {"sidecar/telemetry/metrics.py": "from sidecar.storage.environment import Store\n"},
+     "sidecar/telemetry/metrics.py: imports sidecar.storage.environment, but sidecar/telemetry imports nothing of"),
+    ("layers", {"sidecar/telemetry/metrics.py": "from ..validation import check_id\n"},
+     "sidecar/telemetry/metrics.py: imports sidecar.validation, but sidecar/telemetry imports nothing of the"),
+    ("layers", {"sidecar/telemetry/tracing.py": "import grpc\n"},
+     "sidecar/telemetry/tracing.py: imports grpc, which only sidecar/wire and sidecar/client may import"),
+    ("layers", {"sidecar/client/sync.py": "from sidecar.telemetry import metrics\n"},
+     "sidecar/client/sync.py: imports sidecar.telemetry, but sidecar/client imports nothing of the sidecar"),
     ("plugins", {"tests/plugin/plugin.py": "from sidecar.context_window.policy import HookCall\n"},
      "tests/plugin/plugin.py: imports sidecar.context_window.policy; a plugin may import only sidecar.plugin_api"),
     # b. lmdb

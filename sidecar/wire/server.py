@@ -10,6 +10,7 @@ each RPC's and field's documentation."""
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import signal
@@ -35,6 +36,7 @@ from sidecar.memory.compaction import BackgroundJob, Compactor
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.settings import ConfigError, Settings
 from sidecar.storage.environment import Store
+from sidecar.telemetry.metrics import Metrics
 from sidecar.tenant_events.log import TenantEventLog
 from sidecar.text.counting import Counters
 from sidecar.text.redaction import Redactor
@@ -230,8 +232,8 @@ def servicer_for(settings: Settings, services: Services) -> ContextSidecarServic
                                   services.redactor, capabilities, TenantOf(settings.auth.tenants))
 
 
-def build_server(settings: Settings, services: Services,
-                 in_flight: InFlightCalls | None = None) -> tuple[grpc.Server, int, health.HealthServicer]:
+def build_server(settings: Settings, services: Services, in_flight: InFlightCalls | None = None,
+                 metrics: Metrics | None = None) -> tuple[grpc.Server, int, health.HealthServicer]:
     """A server bound to ``[server] listen`` (port 0 picks a free port), not yet started."""
     limit = settings.server.max_message_bytes
     server = grpc.server(
@@ -239,8 +241,9 @@ def build_server(settings: Settings, services: Services,
         options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit),
                  # Two sidecars must not silently share a port.
                  ("grpc.so_reuseport", 0)])
+    track = in_flight.track if in_flight else lambda behavior: behavior
     add_servicer_to_server(servicer_for(settings, services), server,
-                           in_flight.track if in_flight else lambda behavior: behavior)
+                           (lambda behavior: track(metrics.wrap(behavior))) if metrics else track)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for name in ("", SERVICE_NAME):
@@ -251,6 +254,13 @@ def build_server(settings: Settings, services: Services,
     except RuntimeError as exc:
         raise OSError(f"cannot listen on {settings.server.listen}: {exc}") from None
     return server, port, health_servicer
+
+
+def metrics_of(settings: Settings, services: Services) -> Metrics | None:
+    """The server's metrics with [metrics] listen set (None: off), reading the store and the watches."""
+    if not settings.metrics.listen:
+        return None
+    return Metrics(services.store.map_usage, settings.storage.max_map_size, services.events.live_watches)
 
 
 def start(server: grpc.Server, health_servicer: health.HealthServicer) -> None:
@@ -271,7 +281,9 @@ def serve(settings: Settings, ready: threading.Event | None = None) -> int:
     """Run until SIGTERM or SIGINT: NOT_SERVING first, then in-flight calls get the grace period."""
     services = Services.open(settings)
     in_flight = InFlightCalls()
-    server, port, health_servicer = build_server(settings, services, in_flight)
+    metrics = metrics_of(settings, services)
+    server, port, health_servicer = build_server(settings, services, in_flight, metrics)
+    endpoint = metrics.serve(settings.metrics.listen) if metrics else None
     stopping = threading.Event()
 
     def request_stop(signum: int, frame: object) -> None:
@@ -281,11 +293,16 @@ def serve(settings: Settings, ready: threading.Event | None = None) -> int:
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
     start(server, health_servicer)
-    job = BackgroundJob(services.compactor, settings.memory_compaction.interval_seconds) if services.compactor else None
+    with metrics.bound() if metrics else contextlib.nullcontext():  # the job's rounds count in them
+        job = BackgroundJob(services.compactor, settings.memory_compaction.interval_seconds) \
+            if services.compactor else None
     if job:
         job.start()
-    # One line on stdout that a supervisor or test can wait for (it names the port chosen for :0).
+    # One line on stdout that a supervisor or test can wait for (it names the port chosen for :0),
+    # and a second one with metrics on (the URL of /metrics, its port chosen likewise).
     print(f"context-sidecar serving on {bound_address(settings.server.listen, port)}", flush=True)
+    if endpoint:
+        print(f"context-sidecar metrics on {endpoint.url}", flush=True)
     if ready is not None:
         ready.set()
     stopping.wait()
@@ -299,6 +316,8 @@ def serve(settings: Settings, ready: threading.Event | None = None) -> int:
         log.warning("calls still running after the %.1f s grace period are cancelled", grace)
     server.stop(0)  # ends what is left: health Watch streams, or calls past the grace period
     stopped.wait()
+    if endpoint:
+        endpoint.stop()  # before the store closes: a scrape reads its map
     services.close()
     log.info("stopped")
     return 0

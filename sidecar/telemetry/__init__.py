@@ -1,0 +1,8 @@
+"""Telemetry: what the sidecar tells its operators about itself, cross-cutting like errors and
+settings. Anything in the sidecar may import it (the wire, the areas, text, storage); it imports
+nothing of the sidecar except settings and errors. The areas record their figures by calling
+the small functions of its modules, never a telemetry library directly, and those calls cost a
+flag check when the telemetry is off.
+
+metrics.py: Prometheus metrics (``[metrics] listen``), served over HTTP at /metrics.
+"""
