@@ -432,6 +432,15 @@ def _tenants(auth: Any, source: str) -> tuple[TenantCredential, ...]:
     return tuple(tenants)
 
 
+def is_loopback(host: str) -> bool:
+    """Whether a listen address's host (brackets allowed around IPv6) is this machine only."""
+    host = host.strip("[]")
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def _check_listen(server: ServerSettings, tenants_configured: bool) -> None:
     listen = server.listen
     if listen.startswith("unix:"):
@@ -441,11 +450,7 @@ def _check_listen(server: ServerSettings, tenants_configured: bool) -> None:
     host, _, port = listen.rpartition(":")
     if not port.isdigit() or int(port) > 65535:
         raise ConfigError(f"[server] listen: expected host:port or unix:///path, got {listen!r}")
-    host = host.strip("[]")
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
+    loopback = is_loopback(host)
     if not loopback and not server.allow_non_loopback:
         raise ConfigError(
             f"[server] listen: {listen!r} is not a loopback address; the sidecar has no TLS, so it "
@@ -456,8 +461,23 @@ def _check_listen(server: ServerSettings, tenants_configured: bool) -> None:
             "caller would be the one tenant 'default'; configure tenants to listen beyond this machine")
 
 
+def _check_metrics_listen(metrics: MetricsSettings) -> None:
+    """/metrics over plain HTTP, host:port: loopback unless allowed, like [server] listen."""
+    listen = metrics.listen
+    if not listen:
+        return
+    host, _, port = listen.rpartition(":")
+    if not host or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(f"[metrics] listen: expected host:port, got {listen!r}")
+    if not is_loopback(host) and not metrics.allow_non_loopback:
+        raise ConfigError(
+            f"[metrics] listen: {listen!r} is not a loopback address; /metrics is plain HTTP, so it is "
+            "served beyond this machine only with [metrics] allow_non_loopback = true")
+
+
 def _check_relations(settings: Settings) -> None:
     _check_listen(settings.server, bool(settings.auth.tenants))
+    _check_metrics_listen(settings.metrics)
     if settings.memory_compaction.max_output_bytes > settings.memory.max_entry_bytes:
         raise ConfigError(
             f"[memory.compaction] max_output_bytes ({settings.memory_compaction.max_output_bytes}) exceeds "

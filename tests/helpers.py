@@ -218,12 +218,14 @@ def postings_kept(store, key: bytes, term: str) -> tuple[int, int] | None:
 # The sidecar as a real process.
 
 READY = "context-sidecar serving on "
+METRICS_READY = "context-sidecar metrics on "
 
 
 class Sidecar:
-    """``python -m sidecar serve ...`` in a subprocess, ready once it prints its address. Its
-    flags follow the defaults given here (the last of a flag wins); its stderr, the log, goes to
-    a file (a pipe nobody reads would stall a chatty sidecar): :meth:`log` reads it."""
+    """``python -m sidecar serve ...`` in a subprocess, ready once it prints its address (and,
+    with --metrics-listen, the URL of its /metrics on the next line: ``metrics_url``). Its flags
+    follow the defaults given here (the last of a flag wins); its stderr, the log, goes to a file (a
+    pipe nobody reads would stall a chatty sidecar): :meth:`log` reads it."""
 
     def __init__(self, tmp_path: Path, *flags: str, env: dict[str, str] | None = None) -> None:
         self.data = tmp_path / "data"
@@ -242,6 +244,13 @@ class Sidecar:
             self.process.wait()
             raise AssertionError(f"sidecar did not start: {line!r} {self.log()}")
         self.address = line[len(READY):].strip()
+        self.metrics_url = ""
+        if "--metrics-listen" in flags:
+            line = self.process.stdout.readline()
+            if not line.startswith(METRICS_READY):
+                self.process.kill()
+                raise AssertionError(f"sidecar did not serve metrics: {line!r} {self.process.stderr.read()}")
+            self.metrics_url = line[len(METRICS_READY):].strip()
         self.channel = grpc.insecure_channel(self.address)
         self.stub = pb_grpc.ContextSidecarStub(self.channel)
         self.health = health_pb2_grpc.HealthStub(self.channel)

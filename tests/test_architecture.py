@@ -84,7 +84,7 @@ def outermost(names: set[str]) -> list[str]:
 
 
 def layer_of(relative: Path) -> str:
-    """wire, client, bench, entry, area, storage, text, shared, fastcore, or package (sidecar/__init__,
+    """wire, client, bench, entry, area, storage, text, telemetry, shared, fastcore, or package (sidecar/__init__,
     plugin_api)."""
     parts = relative.parts
     if parts[0] == "fastcore":
@@ -114,6 +114,8 @@ def layer_imported(name: str) -> str | None:
 # imports it without the server's dependencies), and nothing of the sidecar imports it but
 # sidecar/bench, a host-side tool above it: the bench imports of the sidecar only the client (and
 # no grpc or stubs of its own: it calls as a host does), and only the entry (cli.py) imports it.
+# sidecar/telemetry is cross-cutting like errors and settings: every layer of the server may import
+# it, and it imports nothing of the sidecar except those two.
 
 FORBIDDEN = {
     "area": {"wire", "entry"},
@@ -389,6 +391,7 @@ def test_the_real_tree_is_read_whole() -> None:
     assert all(layer_of(path) in ("wire", "client", "bench", "entry", "area", "storage", "text", "shared",
                                   "telemetry", "fastcore", "package")
                for path in found), {path: layer_of(path) for path in found}
+    assert Path("sidecar/telemetry/metrics.py") in found
     assert "sidecar.pb.contextsidecar.v1.sidecar_pb2" in imported(ROOT, Path("sidecar/wire/servicer.py"))
 
 
@@ -482,21 +485,27 @@ LAWFUL = {
     "sidecar/validation.py": "import jsonschema\n\nfrom sidecar.errors import ValidationError\n",
     "sidecar/wire/server.py": ("import grpc\nfrom grpc_status import rpc_status\nfrom google.rpc import status_pb2\n"
                                "from sidecar.pb.contextsidecar.v1 import sidecar_pb2\n"
-                               "from sidecar.memory import api\n"),
+                               "from sidecar.memory import api\nfrom sidecar.telemetry.metrics import Metrics\n"),
     "sidecar/client/sync.py": ("import grpc\nfrom grpc_health.v1 import health_pb2\nfrom google.rpc import status_pb2\n"
                                "from sidecar.pb.contextsidecar.v1 import sidecar_pb2\nfrom .calls import call_error\n"),
     "sidecar/bench/run.py": ("from sidecar.client import Client, SidecarCallError\nfrom .workload import Sizes\n"
                              "\n\ndef draw():\n    import matplotlib.pyplot\n"),
     "sidecar/storage/databases.py": DATABASES,
-    "sidecar/storage/environment.py": "import lmdb\n\ndef open(env):\n    return env.open_db(b'events')\n",
     "sidecar/storage/codec.py": "import fastcore\nfrom sidecar.pb.contextsidecar.storage.v1 import records_pb2\n",
     "sidecar/storage/keys.py": "from ..errors import NotFound\nfrom sidecar.telemetry import logs\n",
     "sidecar/telemetry/logs.py": ("import logging\nfrom sidecar.settings import LogSettings\n"
                                   "from ..errors import SidecarError\n"),
-    "sidecar/text/fencing.py": "from sidecar.errors import ValidationError\n",
+    "sidecar/text/fencing.py": "from sidecar.errors import ValidationError\nfrom sidecar.telemetry import metrics\n",
+    "sidecar/storage/environment.py": ("import lmdb\nfrom sidecar.telemetry import metrics\n\n\ndef open(env):\n"
+                                       "    return env.open_db(b'events')\n"),
+    "sidecar/telemetry/__init__.py": "",
+    "sidecar/telemetry/metrics.py": ("import prometheus_client\nfrom sidecar.settings import MetricsSettings\n"
+                                     "from ..errors import SidecarError\nfrom . import tracing\n"),
+    "sidecar/telemetry/tracing.py": "",
     "sidecar/memory/__init__.py": "",
     "sidecar/memory/schema.py": "import lmdb\n",
     "sidecar/memory/api.py": ("from sidecar.storage.keys import Txn\nfrom sidecar.text import fencing\n"
+                              "from sidecar.telemetry import metrics\n"
                               "from . import schema\nfrom sidecar.errors import SidecarError\n\n\n"
                               "class Forgotten(SidecarError):\n    code = 'forgotten'\n    status = 'NOT_FOUND'\n\n\n"
                               "def read(store, txn):\n    db = store.handles('memory')\n"
@@ -582,6 +591,14 @@ BREAKS = [
      "sidecar/telemetry/logs.py: imports sidecar.validation, but sidecar/telemetry imports nothing"),
     ("layers", {"sidecar/telemetry/logs.py": "import grpc\n"},
      "sidecar/telemetry/logs.py: imports grpc, which only sidecar/wire and sidecar/client may import"),
+    ("layers", {"sidecar/telemetry/metrics.py": "from sidecar.storage.environment import Store\n"},
+     "sidecar/telemetry/metrics.py: imports sidecar.storage.environment, but sidecar/telemetry imports nothing of"),
+    ("layers", {"sidecar/telemetry/metrics.py": "from ..validation import check_id\n"},
+     "sidecar/telemetry/metrics.py: imports sidecar.validation, but sidecar/telemetry imports nothing of the"),
+    ("layers", {"sidecar/telemetry/tracing.py": "import grpc\n"},
+     "sidecar/telemetry/tracing.py: imports grpc, which only sidecar/wire and sidecar/client may import"),
+    ("layers", {"sidecar/client/sync.py": "from sidecar.telemetry import metrics\n"},
+     "sidecar/client/sync.py: imports sidecar.telemetry, but sidecar/client imports nothing of the sidecar"),
     ("plugins", {"tests/plugin/plugin.py": "from sidecar.context_window.policy import HookCall\n"},
      "tests/plugin/plugin.py: imports sidecar.context_window.policy; a plugin may import only sidecar.plugin_api"),
     # b. lmdb

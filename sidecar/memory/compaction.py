@@ -14,6 +14,7 @@ summary or the built-in distiller. A retried compaction of the same sources retu
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import hashlib
 import logging
@@ -30,7 +31,7 @@ from sidecar.memory.index import terms
 from sidecar.memory.schema import CompactionRecord, MemoryDatabases
 from sidecar.settings import MemoryCompactionSettings
 from sidecar.storage.keys import Txn, scope
-from sidecar.telemetry import logs
+from sidecar.telemetry import logs, metrics
 from sidecar.tenant_events.log import Event, TenantEventLog, timestamp
 from sidecar.text.counting import TokenCounter
 from sidecar.validation import check_at_least, check_id
@@ -168,6 +169,7 @@ class Compactor:
         outcome = store.write(write)
         if outcome.created:
             self._events.publish(tenant, [outcome.event])
+            metrics.memory_compacted(trigger, outcome.source_count)
         return outcome
 
     def _redacted(self, tenant: str, source: Source) -> Source:
@@ -209,7 +211,9 @@ class BackgroundJob:
         self._compactor = compactor
         self._interval = interval_seconds
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="compaction", daemon=True)
+        # The job runs in a copy of its maker's context: the metrics of the server that made it.
+        self._thread = threading.Thread(target=contextvars.copy_context().run, args=(self._run,), name="compaction",
+                                        daemon=True)
 
     def start(self) -> None:
         # A round is up to seconds of CPU-bound Python in this thread; a call served meanwhile
@@ -225,9 +229,12 @@ class BackgroundJob:
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
+            failed = False
             try:
                 outcomes = self._compactor.run_round()
                 if outcomes:
                     log.info("compaction round: %d ref(s) compacted", sum(o.created for o in outcomes))
             except Exception as error:  # the job must outlive one bad round
+                failed = True
                 log.error("compaction round failed", extra=logs.failure(error))
+            metrics.job_ran("memory_compaction", failed)

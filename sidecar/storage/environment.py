@@ -20,6 +20,7 @@ import lmdb
 from sidecar.errors import StoreFull
 from sidecar.storage.databases import AREAS, DATABASES
 from sidecar.storage.keys import Db, Txn
+from sidecar.telemetry import metrics
 from sidecar.telemetry.tracing import phase
 
 log = logging.getLogger(__name__)
@@ -126,6 +127,7 @@ class Store:
         with self._write_lock:
             self._keep_headroom(ceiling)
             while True:
+                held, committed = metrics.transaction_begins(), False  # what work records counts once committed
                 try:
                     with self._gate.shared():
                         txn = self.env.begin(write=True)
@@ -136,11 +138,14 @@ class Store:
                             raise
                         with phase("commit"):  # the pages written, and synced unless [storage] sync is off
                             txn.commit()
+                    committed = True
                 except lmdb.MapFullError:
                     self._grow(ceiling, required=True)  # raises StoreFull when it cannot
                     continue
                 except lmdb.DiskError as exc:  # ENOSPC: the disk, not the map, is full
                     raise StoreFull(f"the store cannot write: {exc}") from None
+                finally:
+                    metrics.transaction_ends(held, committed)
                 self._grow(ceiling, required=False)
                 return result
 

@@ -107,6 +107,11 @@ class TenantEventLog:
             self._watches.append(watch)
         return watch
 
+    def live_watches(self) -> int:
+        """How many watches are open now."""
+        with self._lock:
+            return len(self._watches)
+
     def unwatch(self, watch: Watch) -> None:
         with self._lock:
             if watch in self._watches:

@@ -23,6 +23,7 @@ from typing import Any
 
 import fastcore
 from sidecar.errors import ValidationError
+from sidecar.telemetry import metrics
 from sidecar.validation import check_id, json_field
 
 MIN_SECRET_CHARS = 8
@@ -131,15 +132,17 @@ class Redactor:
             return self._matchers[key]
 
     def redact(self, tenant: str, run_id: str, text: str) -> Redacted:
-        found: list[str] = []
+        found: list[str] = []  # each occurrence: registered ids first, then detector kinds
         data = text.encode("utf-8")
         matcher = self._matcher(tenant, run_id)
+        registered = 0
         if matcher is not None:
             redacted, matched = matcher.automaton.replace(data, matcher.markers)
             if matched:
                 data = redacted
                 text = redacted.decode("utf-8")
                 found += [matcher.ids[index] for index in matched]
+                registered = len(matched)
         if self._detectors:
             if _DETECTOR_PREFIXES.find(data):
                 text = _DETECTOR.sub(lambda m: _found(found, m.lastgroup or "secret"), text)
@@ -149,6 +152,8 @@ class Redactor:
             text = _LEAKED_ANGLE.sub(lambda m: marker(m.group(1)), text)
         if "[BYOK:" in text:
             text = _LEAKED_BYOK.sub(lambda m: _found(found, "byok"), text)
+        if found:
+            metrics.secrets_redacted(found[registered:], registered)
         return Redacted(text, tuple(dict.fromkeys(found)))
 
     def redacting(self, tenant: str, run_id: str) -> Callable[[str], str]:

@@ -38,6 +38,7 @@ import fastcore
 from sidecar.settings import ClearingSettings
 from sidecar.storage.codec import StoredEvent
 from sidecar.storage.keys import Txn
+from sidecar.telemetry import metrics
 from sidecar.text.fencing import split_block
 from sidecar.transcript.log import LogWriter, prefix_end
 from sidecar.transcript.runs import SIDECAR_ID_PREFIX, Deps
@@ -209,6 +210,7 @@ def _record(writer: LogWriter, entry_type: str, kind: str, iteration: int,
     entry = StoredEvent(made_at, f"{SIDECAR_ID_PREFIX}{entry_type}:{run.log_entries}", iteration, "system",
                         entry_type, payload, "", 0)
     append_compaction(writer, entry, kind, tuple(ids), "", before, after, "built-in")
+    metrics.tool_results_cleared(len(changes), before - after)
 
 
 def fork_forms(txn: Txn, db: dict, source_key: bytes, fork_key: bytes, from_seq: int, last_assembled: int) -> None:

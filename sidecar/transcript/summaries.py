@@ -33,6 +33,7 @@ from sidecar.errors import Conflict, FieldViolation, SummaryUnavailable, Validat
 from sidecar.settings import STRATEGIES
 from sidecar.storage.codec import StoredEvent, decode_event, dump_json, encode_event, load_json
 from sidecar.storage.keys import Txn
+from sidecar.telemetry import metrics
 from sidecar.text.fencing import is_fenced
 from sidecar.transcript.log import LogWriter, count_texts, host_event_ids, prefix_end
 from sidecar.transcript.runs import SIDECAR_ID_PREFIX, Deps, Run, RunSettings
@@ -248,6 +249,7 @@ def write_summary(writer: LogWriter, summary: Summary, text: str, role: str, tok
     append_compaction(writer, entry, "summary", summary.replaced_turns, summary.ref, summary.tokens_before,
                       summary.tokens_after, summarised_by)
     writer.run.summaries = summary.index + 1
+    metrics.summary_recorded(summarised_by)
     return entry
 
 

@@ -27,7 +27,7 @@ from sidecar.settings import ClearingSettings, RenderSettings
 from sidecar.storage.codec import decode_event
 from sidecar.storage.environment import Store
 from sidecar.storage.keys import Txn
-from sidecar.telemetry import tracing
+from sidecar.telemetry import metrics, tracing
 from sidecar.transcript import clearing, forks
 from sidecar.transcript.log import AppendResult, LogWriter, NewEvent
 from sidecar.transcript.runs import SIDECAR_ID_PREFIX, Deps, Run, default_settings, load_run, require_run, save_run
@@ -291,7 +291,10 @@ class Turn:
             with tracing.phase("render"):
                 rendered = sections.render(self.render, fed.layout, fed.history, fed.cache,
                                            self._services.render.openai_prompt_cache_retention)
-        return _assembled(fed.layout, window, self.render, rendered, fed.cache)
+        assembled = _assembled(fed.layout, window, self.render, rendered, fed.cache)
+        metrics.turn_fed(window.token_count, window.token_budget, assembled.window_tokens,
+                         assembled.cache.stable_prefix_tokens, assembled.cache.break_reason)
+        return assembled
 
 
 def _nothing_to_summarise(found: Candidates, run: Run, budget: int, fraction: float) -> str:

@@ -10,6 +10,7 @@ each RPC's and field's documentation."""
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import signal
@@ -36,6 +37,7 @@ from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.settings import ConfigError, Settings
 from sidecar.storage.environment import Store
 from sidecar.telemetry import logs
+from sidecar.telemetry.metrics import Metrics
 from sidecar.telemetry.tracing import Tracing
 from sidecar.tenant_events.log import TenantEventLog
 from sidecar.text.counting import Counters
@@ -233,9 +235,11 @@ def servicer_for(settings: Settings, services: Services) -> ContextSidecarServic
 
 
 def build_server(settings: Settings, services: Services, in_flight: InFlightCalls | None = None,
-                 tracing: Tracing | None = None) -> tuple[grpc.Server, int, health.HealthServicer]:
+                 tracing: Tracing | None = None,
+                 metrics: Metrics | None = None) -> tuple[grpc.Server, int, health.HealthServicer]:
     """A server bound to ``[server] listen`` (port 0 picks a free port), not yet started.
-    ``tracing``: each ContextSidecar call a span (``Tracing.start``; None: no tracing)."""
+    ``tracing``: each ContextSidecar call a span (``Tracing.start``; None: no tracing); ``metrics``:
+    each call timed, and the areas' figures recorded (None: no metrics)."""
     limit = settings.server.max_message_bytes
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=settings.server.max_workers, thread_name_prefix="rpc"),
@@ -243,9 +247,12 @@ def build_server(settings: Settings, services: Services, in_flight: InFlightCall
                  # Two sidecars must not silently share a port.
                  ("grpc.so_reuseport", 0)])
     traced = tracing.rpcs(SERVICE_NAME) if tracing else lambda behavior: behavior
+    measured = metrics.wrap if metrics else lambda behavior: behavior
 
     def wrap(behavior: Callable) -> Callable:  # each wrap is given the servicer's method, named after the RPC
-        observed = traced(logs.logged(behavior))  # the log line's duration excludes the span's own cost
+        # The log line's duration and the latency histogram exclude the span's own cost; the
+        # tracing wrap goes outside them, as it does not keep the method's name.
+        observed = traced(measured(logs.logged(behavior)))
         return in_flight.track(observed) if in_flight else observed
 
     add_servicer_to_server(servicer_for(settings, services), server, wrap)
@@ -259,6 +266,13 @@ def build_server(settings: Settings, services: Services, in_flight: InFlightCall
     except RuntimeError as exc:
         raise OSError(f"cannot listen on {settings.server.listen}: {exc}") from None
     return server, port, health_servicer
+
+
+def metrics_of(settings: Settings, services: Services) -> Metrics | None:
+    """The server's metrics with [metrics] listen set (None: off), reading the store and the watches."""
+    if not settings.metrics.listen:
+        return None
+    return Metrics(services.store.map_usage, settings.storage.max_map_size, services.events.live_watches)
 
 
 def start(server: grpc.Server, health_servicer: health.HealthServicer) -> None:
@@ -280,7 +294,9 @@ def serve(settings: Settings, ready: threading.Event | None = None) -> int:
     tracing = Tracing.start(settings.tracing)  # enabled without the otel extra: a ConfigError, before anything opens
     services = Services.open(settings)
     in_flight = InFlightCalls()
-    server, port, health_servicer = build_server(settings, services, in_flight, tracing)
+    metrics = metrics_of(settings, services)
+    server, port, health_servicer = build_server(settings, services, in_flight, tracing, metrics)
+    endpoint = metrics.serve(settings.metrics.listen) if metrics else None
     stopping = threading.Event()
 
     def request_stop(signum: int, frame: object) -> None:
@@ -290,11 +306,16 @@ def serve(settings: Settings, ready: threading.Event | None = None) -> int:
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
     start(server, health_servicer)
-    job = BackgroundJob(services.compactor, settings.memory_compaction.interval_seconds) if services.compactor else None
+    with metrics.bound() if metrics else contextlib.nullcontext():  # the job's rounds count in them
+        job = BackgroundJob(services.compactor, settings.memory_compaction.interval_seconds) \
+            if services.compactor else None
     if job:
         job.start()
-    # One line on stdout that a supervisor or test can wait for (it names the port chosen for :0).
+    # One line on stdout that a supervisor or test can wait for (it names the port chosen for :0),
+    # and a second one with metrics on (the URL of /metrics, its port chosen likewise).
     print(f"context-sidecar serving on {bound_address(settings.server.listen, port)}", flush=True)
+    if endpoint:
+        print(f"context-sidecar metrics on {endpoint.url}", flush=True)
     if ready is not None:
         ready.set()
     stopping.wait()
@@ -308,6 +329,8 @@ def serve(settings: Settings, ready: threading.Event | None = None) -> int:
         log.warning("calls still running after the %.1f s grace period are cancelled", grace)
     server.stop(0)  # ends what is left: health Watch streams, or calls past the grace period
     stopped.wait()
+    if endpoint:
+        endpoint.stop()  # before the store closes: a scrape reads its map
     services.close()
     if tracing:
         tracing.shutdown()  # the spans still batched are exported
