@@ -18,8 +18,6 @@ import java.util.HashSet;
 import java.util.List;
 import java.util.Random;
 import java.util.Set;
-import org.junit.jupiter.api.AfterAll;
-import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.Test;
 
 /**
@@ -28,30 +26,11 @@ import org.junit.jupiter.api.Test;
  * and records the summary with RecordSummary for the next turn, whose window then feeds the
  * summary in place of what it replaced.
  */
-class CompactionTest {
+class CompactionTest extends SidecarTestBase {
   private static final String RUN_ID = "java-compaction";
   private static final String COUNTER = "o200k_base";
   private static final int BUDGET = 600;
   private static final int TURNS = 16;
-
-  private static SidecarProcess sidecar;
-  private static SidecarClient client;
-
-  @BeforeAll
-  static void start() throws Exception {
-    sidecar = SidecarProcess.start();
-    client = SidecarClient.builder().target(sidecar.target()).build();
-  }
-
-  @AfterAll
-  static void stop() {
-    if (client != null) {
-      client.close();
-    }
-    if (sidecar != null) {
-      sidecar.close();
-    }
-  }
 
   private record Sent(String eventId, int iteration, String content) {}
 
@@ -116,7 +95,7 @@ class CompactionTest {
   }
 
   // The window feeds the summaries in force first, as themselves, and nothing they replaced.
-  private static void checkWindow(AssembleContextResponse window, List<Summary> summaries) {
+  private void checkWindow(AssembleContextResponse window, List<Summary> summaries) {
     String where = "turn " + window.getIteration();
     List<WindowEntry> entries = window.getEntriesList();
     List<Integer> recounted = Recount.count(client, COUNTER, entries.stream().map(WindowEntry::getText).toList());

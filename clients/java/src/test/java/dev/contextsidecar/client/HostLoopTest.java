@@ -18,8 +18,6 @@ import java.util.Map;
 import java.util.Random;
 import java.util.Set;
 import java.util.stream.Collectors;
-import org.junit.jupiter.api.AfterAll;
-import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.Test;
 
 /**
@@ -28,30 +26,11 @@ import org.junit.jupiter.api.Test;
  * others), their results and the assistant's answer through AssembleContext, and checks the
  * window against our own record of what was sent, with every count recounted by CountTokens.
  */
-class HostLoopTest {
+class HostLoopTest extends SidecarTestBase {
   private static final String RUN_ID = "java-host-loop";
   private static final String COUNTER = "o200k_base";
   private static final int BUDGET = 1200;
   private static final int TURNS = 30;
-
-  private static SidecarProcess sidecar;
-  private static SidecarClient client;
-
-  @BeforeAll
-  static void start() throws Exception {
-    sidecar = SidecarProcess.start();
-    client = SidecarClient.builder().target(sidecar.target()).build();
-  }
-
-  @AfterAll
-  static void stop() {
-    if (client != null) {
-      client.close();
-    }
-    if (sidecar != null) {
-      sidecar.close();
-    }
-  }
 
   // An event as we sent it, with what the sidecar said it counts as stored (AppendResult.tokens)
   // and the tool its call_id names.
@@ -139,7 +118,7 @@ class HostLoopTest {
     return Event.newBuilder().setEventId(id).setRole(role).setContent(content).build();
   }
 
-  private static void checkWindow(AssembleContextResponse window, int iteration, List<Sent> sent) {
+  private void checkWindow(AssembleContextResponse window, int iteration, List<Sent> sent) {
     String where = "turn " + iteration;
     List<WindowEntry> entries = window.getEntriesList();
     assertEquals(iteration, window.getIteration());

@@ -12,8 +12,6 @@ import java.util.ArrayList;
 import java.util.Collections;
 import java.util.List;
 import java.util.Random;
-import org.junit.jupiter.api.AfterAll;
-import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.Test;
 
 /**
@@ -21,28 +19,9 @@ import org.junit.jupiter.api.Test;
  * recounted tokens within the budget, and the walk stopped where the next entry in rank order
  * would not fit. Entries over the budget on their own are passed over, never truncated.
  */
-class MemoryBudgetTest {
+class MemoryBudgetTest extends SidecarTestBase {
   private static final String REF = "agent:java/notes";
   private static final String COUNTER = "o200k_base"; // the sidecar's default memory counter
-
-  private static SidecarProcess sidecar;
-  private static SidecarClient client;
-
-  @BeforeAll
-  static void start() throws Exception {
-    sidecar = SidecarProcess.start();
-    client = SidecarClient.builder().target(sidecar.target()).build();
-  }
-
-  @AfterAll
-  static void stop() {
-    if (client != null) {
-      client.close();
-    }
-    if (sidecar != null) {
-      sidecar.close();
-    }
-  }
 
   private record Put(String id, String content, int tokens) {}
 
