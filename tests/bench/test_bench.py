@@ -220,10 +220,16 @@ def test_the_progress_bar_and_the_help(sidecar: Sidecar, tmp_path: Path) -> None
 
 
 def test_an_interrupted_bench_reports_what_it_measured_and_cleans_up(sidecar: Sidecar, tmp_path: Path) -> None:
-    command = [sys.executable, "-m", "sidecar", "bench", "--target", sidecar.address, "--turns", "100000",
-               "--warmup", "1", "--json", "out.json", "--progress", "on"]
-    process = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    arguments = ["bench", "--target", sidecar.address, "--turns", "100000", "--warmup", "1", "--json", "out.json",
+                 "--progress", "on"]
+    # Ctrl-C as a terminal sends it, whatever the disposition this process was started with (a
+    # shell's background job ignores SIGINT, and Python then leaves it ignored): the child restores
+    # Python's own handler itself. (A preexec_fn would run after fork in a process with grpc's
+    # threads, which grpc's fork handlers may abort.)
+    restore = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+               f"sys.argv = ['sidecar', *{arguments!r}]; runpy.run_module('sidecar', run_name='__main__')")
+    process = subprocess.Popen([sys.executable, "-c", restore], cwd=tmp_path, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
     seen, deadline = "", time.monotonic() + 60
     while "turns   [" not in seen:  # the measured turns' progress bar: past the warm-up
         assert time.monotonic() < deadline and process.poll() is None, seen
