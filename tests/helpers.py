@@ -249,7 +249,8 @@ class Sidecar:
             line = self.process.stdout.readline()
             if not line.startswith(METRICS_READY):
                 self.process.kill()
-                raise AssertionError(f"sidecar did not serve metrics: {line!r} {self.process.stderr.read()}")
+                self.process.wait()
+                raise AssertionError(f"sidecar did not serve metrics: {line!r} {self.log()}")
             self.metrics_url = line[len(METRICS_READY):].strip()
         self.channel = grpc.insecure_channel(self.address)
         self.stub = pb_grpc.ContextSidecarStub(self.channel)
@@ -261,8 +262,14 @@ class Sidecar:
 
     def stop(self, sig: int = signal.SIGTERM) -> tuple[int, str]:
         self.process.send_signal(sig)
-        self.process.communicate(timeout=30)
-        self.channel.close()
+        try:
+            self.process.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()  # a sidecar that outlives its test would hold its port and store
+            self.process.wait()
+            raise
+        finally:
+            self.channel.close()
         return self.process.returncode, self.log()
 
 
