@@ -77,6 +77,22 @@ class Conflict(SidecarError):
     status = "ALREADY_EXISTS"
 
 
+class WriteConflict(Conflict):
+    """With a shared store, other sidecars kept writing the same run or memory ref while this call
+    was retried; nothing of it was written. The machine code is ``conflict`` as for ALREADY_EXISTS,
+    told apart by its status: this one is worth calling again."""
+
+    code = "conflict"
+    status = "ABORTED"
+
+
+class SharedStoreUnavailable(SidecarError):
+    """The shared store ([storage] shared) did not answer; nothing of the call was written."""
+
+    code = "shared_store_unavailable"
+    status = "UNAVAILABLE"
+
+
 class TokenBudgetExceeded(SidecarError):
     code = "token_budget_exceeded"
     status = "FAILED_PRECONDITION"

@@ -65,6 +65,12 @@ class StorageSettings:
         minimum=0, size=True)
     sync: bool = _option(
         True, "flush every commit to disk, so an acknowledged write survives kill -9 and power loss")
+    shared: str = _option(
+        "", "a PostgreSQL URL (postgresql://...): the shared store that sidecars on many machines write "
+        "through, LMDB then their local index; empty: LMDB alone")
+    shared_pool_size: int = _option(4, "connections to the shared store", minimum=1)
+    shared_timeout: float = _option(
+        5.0, "how long a call waits for the shared store before it fails UNAVAILABLE", minimum=0.1)
 
 
 @dataclass(frozen=True)

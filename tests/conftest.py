@@ -25,6 +25,7 @@ from sidecar.settings import (
     TenantCredential,
 )
 from sidecar.storage.environment import Store
+from sidecar.storage.shared import SharedStore
 from sidecar.text.counting import Counters
 from sidecar.transcript.transcripts import Transcripts
 from sidecar.wire import server as server_module
@@ -94,7 +95,10 @@ def start_server(tmp_path: Path, counters: Counters):
                    **context: object) -> RunningServer:
         settings = settings_for(tmp_path / f"server{len(started)}", storage, memory, tenants, compaction, clearing,
                                 render, **context)
-        store = Store(settings.storage.path, settings.storage.map_size, settings.storage.max_map_size)
+        storage_settings = settings.storage
+        shared = SharedStore(storage_settings.shared, storage_settings.shared_pool_size,
+                             storage_settings.shared_timeout) if storage_settings.shared else None
+        store = Store(storage_settings.path, storage_settings.map_size, storage_settings.max_map_size, shared=shared)
         services = Services.build(settings, store, counters)
         server, port, health_servicer = build_server(settings, services)
         server_module.start(server, health_servicer)

@@ -252,7 +252,9 @@ def database_violations(root: Path) -> list[str]:
     return violations
 
 
-# d. The error table: each error class one code, one status, one row in docs/errors.md.
+# d. The error table: each error class one code, one status, one row in docs/errors.md. Two classes
+# may share a code only with different statuses (WriteConflict, ABORTED, beside Conflict's
+# ALREADY_EXISTS), so that a client always tells them apart.
 
 def error_classes(root: Path) -> dict[str, tuple[str, object, object]]:
     """Every subclass of SidecarError (and itself) declared under sidecar/, read from the source:
@@ -294,14 +296,14 @@ def error_classes(root: Path) -> dict[str, tuple[str, object, object]]:
 def error_class_violations(root: Path) -> list[str]:
     statuses = {code.name for code in grpc.StatusCode}
     violations = []
-    seen: dict[str, str] = {}
+    seen: dict[tuple[str, object], str] = {}
     for name, (where, code, status) in error_classes(root).items():
         if not isinstance(code, str) or not code:
             violations.append(f"{where}: {name} has no code")
-        elif code in seen:
-            violations.append(f"{where}: {name} has the code {code!r} of {seen[code]}")
+        elif (code, status) in seen:
+            violations.append(f"{where}: {name} has the code {code!r} and status {status} of {seen[code, status]}")
         else:
-            seen[code] = name
+            seen[code, status] = name
         if status not in statuses:
             violations.append(f"{where}: {name} has the status {status!r}, which is no grpc.StatusCode")
     return violations
@@ -625,7 +627,7 @@ BREAKS = [
      "sidecar/wire/servicer.py:2: names database events of area runs outside that area"),
     # d. the error table
     ("error classes", {"sidecar/errors.py": ERRORS + "\n\nclass Missing(NotFound):\n    status = 'NOT_FOUND'\n"},
-     "Missing has the code 'not_found' of NotFound"),
+     "Missing has the code 'not_found' and status NOT_FOUND of NotFound"),
     ("error classes", {"sidecar/errors.py": ERRORS + "\n\nclass Blank(SidecarError):\n    code = ''\n"},
      "Blank has no code"),
     ("error classes", {"sidecar/memory/api.py": "from sidecar import errors\n\n\nclass Teapot(errors.NotFound):\n"

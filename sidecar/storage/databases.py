@@ -27,6 +27,21 @@ AREAS: dict[str, tuple[bytes, ...]] = {
 }
 DATABASES = tuple(name for names in AREAS.values() for name in names)
 
+# How a shared store (``storage.shared``) finds the unit a record belongs to: each area's keys start
+# with the tenant and this many more names, each followed by NUL, and that prefix is the unit; the
+# kind says what the unit is. A run and its context are one unit: they are written, forked and
+# deleted together. Every unit carries one version, the optimistic lock of a shared store.
+UNIT_SHAPES: dict[str, tuple[str, int]] = {
+    "runs": ("run", 1),
+    "run_context": ("run", 1),
+    "memory": ("memory ref", 1),
+    "tenant_events": ("tenant", 0),
+}
+
+# The storage layer's own bookkeeping, which belongs to no area: with a shared store, the version
+# of each unit this store holds, and which shared store it holds them from.
+STORAGE_DATABASES: tuple[bytes, ...] = (b"shared_versions",)
+
 # Areas whose records live under another area's keys and share its lifecycle, as (tied, owner):
 # the owner's code holds the tied area's handles to sweep and copy them with a run (DeleteRun,
 # ForkRun), and the tied area's code holds the owner's to read and save the run record through the

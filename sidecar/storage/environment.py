@@ -4,22 +4,29 @@ Writes go through :meth:`Store.write`, which runs a function inside one write tr
 call's writes land together or not at all. When the map is nearly full it is grown before the
 next write; if a write still hits MDB_MAP_FULL, the map is grown and the function re-run. Growing
 needs every transaction of this process closed, which ``_Gate`` arranges.
+
+With a shared store (``shared``), LMDB is the local index of it: each write is committed there
+first, and :meth:`Store.current` loads what another sidecar changed before a call reads it.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import random
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import lmdb
 
-from sidecar.errors import StoreFull
-from sidecar.storage.databases import AREAS, DATABASES
-from sidecar.storage.keys import Db, Txn
+from sidecar.errors import StoreFull, WriteConflict
+from sidecar.storage.databases import AREAS, DATABASES, STORAGE_DATABASES
+from sidecar.storage.keys import Db, Txn, sweep
+from sidecar.storage.recording import RecordingTxn, apply
+from sidecar.storage.shared import DATABASES_OF_KIND, Changes, SharedStore, VersionConflict, prefix_of
 from sidecar.telemetry import metrics
 from sidecar.telemetry.tracing import phase
 
@@ -35,6 +42,11 @@ _GROW_AT = 0.8  # grow once this fraction of the map is in use
 # freelist about 8N bytes (0.2% of what is freed) plus a few copied branch pages, so 1/32 lets
 # one delete free the whole store.
 DELETE_HEADROOM = 1 / 32
+# With a shared store: how many times a write runs again on a unit another sidecar moved on
+# before the call is answered ABORTED. Each run reloads the unit first, so only a unit written
+# elsewhere on every attempt exhausts them.
+CONFLICT_ATTEMPTS = 8
+_STORE_ID = b"\0store_id"  # in shared_versions: which shared store this local index holds
 
 
 class _Gate:
@@ -76,10 +88,11 @@ class _Gate:
 
 
 class Store:
-    def __init__(self, path: str, map_size: int, max_map_size: int = 0, sync: bool = True) -> None:
+    def __init__(self, path: str, map_size: int, max_map_size: int = 0, sync: bool = True,
+                 shared: SharedStore | None = None) -> None:
         os.makedirs(path, exist_ok=True)
-        self.env = lmdb.open(path, map_size=map_size, max_dbs=len(DATABASES) + 8, sync=sync,
-                             metasync=sync, max_readers=512)
+        self.env = lmdb.open(path, map_size=map_size, max_dbs=len(DATABASES) + len(STORAGE_DATABASES) + 8,
+                             sync=sync, metasync=sync, max_readers=512)
         # Clear reader slots left by processes that died holding them (after kill -9).
         self.env.reader_check()
         self.max_map_size = max_map_size
@@ -90,12 +103,18 @@ class Store:
         # Every handle, for whole-store tools (tests, dumps); each area's code gets only its own
         # through ``handles``.
         self.db = {name.decode(): self.env.open_db(name) for name in DATABASES}
+        self.shared = shared
+        self._names = {handle: name for name, handle in self.db.items()}
+        self._versions = self.env.open_db(b"shared_versions")
+        if shared:
+            self._hold_store(shared.store_id)
 
     def _refuse_unassigned_databases(self) -> None:
         """A store holding a database that no area owns was written by another layout: serving it
         would leave that data outside every delete and fork, so say so instead."""
         with self.env.begin() as txn:
-            stray = sorted(key.decode("utf-8", "replace") for key, _ in txn.cursor() if key not in DATABASES)
+            stray = sorted(key.decode("utf-8", "replace") for key, _ in txn.cursor()
+                           if key not in DATABASES and key not in STORAGE_DATABASES)
         if stray:
             path = self.env.path()
             self.env.close()
@@ -105,8 +124,26 @@ class Store:
         """The database handles of these areas, by name: all that an area's code may touch."""
         return {name.decode(): self.db[name.decode()] for area in areas for name in AREAS[area]}
 
+    def _hold_store(self, store_id: str) -> None:
+        """Bind this local index to one shared store: it refuses a folder that holds another
+        store's copy, or data of its own from before a shared store was configured."""
+        with self.env.begin() as txn:
+            held = txn.get(_STORE_ID, db=self._versions)
+            empty = all(txn.stat(self.db[name.decode()])["entries"] == 0 for name in DATABASES)
+        if held is not None and held.decode() != store_id:
+            raise ValueError(f"the store at {self.env.path()!r} is the local index of another shared store "
+                             f"({held.decode()}, not {store_id}): give this sidecar an empty [storage] path")
+        if held is None and not empty:
+            raise ValueError(f"the store at {self.env.path()!r} holds data of its own, not loaded from the shared "
+                             "store: give this sidecar an empty [storage] path (the shared store is the record)")
+        if held is None:
+            with self.env.begin(write=True) as txn:
+                txn.put(_STORE_ID, store_id.encode(), db=self._versions)
+
     def close(self) -> None:
         self.env.close()
+        if self.shared:
+            self.shared.close()
 
     @contextmanager
     def read(self) -> Iterator[Txn]:
@@ -122,32 +159,125 @@ class Store:
         pages to free many (copy-on-write, the freelist), so a store that other writes filled can
         always be emptied through the API."""
         ceiling = self._ceiling(frees_space)
+        if self.shared:
+            return self._write_shared(work, ceiling)
         # One writer at a time: LMDB serialises writers anyway, and holding our own lock while
         # waiting keeps the gate free for a resize.
         with self._write_lock:
-            self._keep_headroom(ceiling)
-            while True:
-                held, committed = metrics.transaction_begins(), False  # what work records counts once committed
+            return self._write_local(work, ceiling)
+
+    def _write_local(self, work: Callable[[Txn], T], ceiling: int) -> T:
+        """Run ``work`` in one LMDB write transaction and commit it, growing the map as needed."""
+        self._keep_headroom(ceiling)
+        while True:
+            held, committed = metrics.transaction_begins(), False  # what work records counts once committed
+            try:
+                with self._gate.shared():
+                    txn = self.env.begin(write=True)
+                    try:
+                        result = work(txn)
+                    except BaseException:
+                        txn.abort()
+                        raise
+                    with phase("commit"):  # the pages written, and synced unless [storage] sync is off
+                        txn.commit()
+                committed = True
+            except lmdb.MapFullError:
+                self._grow(ceiling, required=True)  # raises StoreFull when it cannot
+                continue
+            except lmdb.DiskError as exc:  # ENOSPC: the disk, not the map, is full
+                raise StoreFull(f"the store cannot write: {exc}") from None
+            finally:
+                metrics.transaction_ends(held, committed)
+            self._grow(ceiling, required=False)
+            return result
+
+    # The shared store. A unit's version held here is in shared_versions under the unit's id.
+
+    def _write_shared(self, work: Callable[[Txn], T], ceiling: int) -> T:
+        """``work`` on LMDB through a recording transaction; what it wrote committed to the shared
+        store, moving each written unit on from the version held here; then LMDB. A unit another
+        sidecar moved on meanwhile is loaded afresh and the work run again."""
+        assert self.shared is not None
+        shared = self.shared
+        for attempt in range(CONFLICT_ATTEMPTS):
+            if attempt:  # two sidecars retrying in step would collide again: wait a random while
+                time.sleep(random.uniform(0, 0.002 * 2 ** attempt))
+            with self._write_lock:
+                # Set once the shared store has committed: if LMDB's commit then fails and
+                # _write_local runs this again (the map grown), the same records are written
+                # again, not the work re-run (which could apply a call twice).
+                committed: tuple[Changes, dict[bytes, int], T] | None = None
+
+                def recorded(txn: Txn) -> T:
+                    nonlocal committed
+                    if committed is not None:
+                        changes, versions, result = committed
+                        apply(txn, self.db, changes)
+                    else:
+                        recording = RecordingTxn(txn, self._names)
+                        result = work(cast(Txn, recording))
+                        changes = recording.changes()
+                        if not changes:
+                            return result
+                        held = {unit: self._held(txn, unit) for unit in changes}
+                        with phase("shared commit"):
+                            versions = shared.commit(held, changes)
+                        committed = changes, versions, result
+                    for unit, version in versions.items():
+                        txn.put(unit, version.to_bytes(8, "big"), db=self._versions)
+                    return result
                 try:
-                    with self._gate.shared():
-                        txn = self.env.begin(write=True)
-                        try:
-                            result = work(txn)
-                        except BaseException:
-                            txn.abort()
-                            raise
-                        with phase("commit"):  # the pages written, and synced unless [storage] sync is off
-                            txn.commit()
-                    committed = True
-                except lmdb.MapFullError:
-                    self._grow(ceiling, required=True)  # raises StoreFull when it cannot
-                    continue
-                except lmdb.DiskError as exc:  # ENOSPC: the disk, not the map, is full
-                    raise StoreFull(f"the store cannot write: {exc}") from None
-                finally:
-                    metrics.transaction_ends(held, committed)
-                self._grow(ceiling, required=False)
-                return result
+                    return self._write_local(recorded, ceiling)
+                except VersionConflict as conflict:
+                    for unit in conflict.units:
+                        self._load(unit, ceiling)
+        raise WriteConflict("other sidecars kept writing the same run or memory ref; nothing was written, "
+                            "call again")
+
+    def _held(self, txn: Txn, unit: bytes) -> int:
+        version = txn.get(unit, db=self._versions)
+        return int.from_bytes(version, "big") if version else 0
+
+    def current(self, units: list[bytes]) -> None:
+        """Make the local copies of these units current: one query for their versions, and a load
+        of each whose version differs from the one held here. Without a shared store, nothing."""
+        if not self.shared or not units:
+            return
+        with phase("shared versions"):
+            latest = self.shared.versions(units)
+        with self.read() as txn:
+            stale = [unit for unit in units if self._held(txn, unit) != latest.get(unit, 0)]
+        if stale:
+            ceiling = self._ceiling(False)
+            with self._write_lock:
+                for unit in stale:
+                    self._load(unit, ceiling)
+
+    def _load(self, unit: bytes, ceiling: int) -> None:
+        """Bring the local copy of ``unit`` to the shared store's version (the write lock held):
+        the records written since the version held here, or all of them when none is held (or
+        the one held is ahead of the store's, as after a restore of the database)."""
+        assert self.shared is not None
+        with self.read() as txn:
+            held = self._held(txn, unit)
+        with phase("shared load"):
+            version, rows = self.shared.load(unit, since=held)
+        if version < held:
+            with phase("shared load"):
+                version, rows = self.shared.load(unit)
+            held = 0
+        handles = {name: self.db[name] for name in DATABASES_OF_KIND[unit[:1]]}
+
+        def bring_up_to_date(txn: Txn) -> None:
+            if not held:
+                sweep(txn, handles, prefix_of(unit))
+            apply(txn, self.db, {unit: rows})
+            if version:
+                txn.put(unit, version.to_bytes(8, "big"), db=self._versions)
+            else:
+                txn.delete(unit, db=self._versions)
+        self._write_local(bring_up_to_date, ceiling)
 
     def _ceiling(self, frees_space: bool) -> int:
         """The largest map a write may grow to (0: no limit)."""

@@ -30,12 +30,13 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2
 from sidecar.context_window.policy import load_policy
 from sidecar.context_window.run_context import RunContexts
 from sidecar.context_window.state import StateSchemas
-from sidecar.errors import SidecarError
+from sidecar.errors import SharedStoreUnavailable, SidecarError
 from sidecar.memory.api import Memories
 from sidecar.memory.compaction import BackgroundJob, Compactor
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.settings import ConfigError, Settings
 from sidecar.storage.environment import Store
+from sidecar.storage.shared import SharedStore
 from sidecar.telemetry import logs
 from sidecar.telemetry.metrics import Metrics
 from sidecar.telemetry.tracing import Tracing
@@ -45,6 +46,7 @@ from sidecar.text.redaction import Redactor
 from sidecar.transcript.transcripts import Transcripts
 from sidecar.wire.auth import TenantOf
 from sidecar.wire.capabilities import capability_document
+from sidecar.wire.freshness import freshening
 from sidecar.wire.servicer import ContextSidecarServicer, add_servicer_to_server
 
 log = logging.getLogger(__name__)
@@ -71,9 +73,16 @@ class Services:
     def open(cls, settings: Settings) -> Services:
         storage = settings.storage
         counters = Counters(Path(settings.context.encodings_dir) if settings.context.encodings_dir else None)
+        shared = None
         try:
-            store = Store(storage.path, storage.map_size, storage.max_map_size, storage.sync)
-        except ValueError as error:  # a store of another layout: say which, do not serve it
+            if storage.shared:
+                shared = SharedStore(storage.shared, storage.shared_pool_size, storage.shared_timeout)
+            store = Store(storage.path, storage.map_size, storage.max_map_size, storage.sync, shared)
+        except SharedStoreUnavailable as error:  # unreachable, or a schema this sidecar does not know
+            raise ConfigError(f"[storage] shared: {error.message}") from None
+        except ValueError as error:  # a store of another layout or another shared store: say which
+            if shared:
+                shared.close()
             raise ConfigError(str(error)) from None
         return cls.build(settings, store, counters)
 
@@ -141,6 +150,35 @@ class InFlightCalls:
     def wait_idle(self, timeout: float) -> bool:
         with self._idle:
             return self._idle.wait_for(lambda: not self._count, timeout)
+
+
+class SharedStoreHealth:
+    """With a shared store: health is NOT_SERVING while it does not answer and SERVING again when
+    it does, asked every ``interval`` seconds (and the calls fail UNAVAILABLE meanwhile)."""
+
+    def __init__(self, shared: SharedStore, health_servicer: health.HealthServicer, interval: float = 1.0) -> None:
+        self._shared, self._health, self._interval = shared, health_servicer, interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="shared-store-health", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        serving = True
+        while not self._stop.wait(self._interval):
+            reachable = self._shared.ping()
+            if reachable != serving:
+                serving = reachable
+                log.warning("the shared store %s", "answers again: SERVING" if serving
+                            else "does not answer: NOT_SERVING")
+                answer = health_pb2.HealthCheckResponse
+                for name in ("", SERVICE_NAME):
+                    self._health.set(name, answer.SERVING if serving else answer.NOT_SERVING)
 
 
 def reflection_v1_file() -> descriptor_pb2.FileDescriptorProto:
@@ -248,11 +286,13 @@ def build_server(settings: Settings, services: Services, in_flight: InFlightCall
                  ("grpc.so_reuseport", 0)])
     traced = tracing.rpcs(SERVICE_NAME) if tracing else lambda behavior: behavior
     measured = metrics.wrap if metrics else lambda behavior: behavior
+    current = freshening(services.store, TenantOf(settings.auth.tenants))
 
     def wrap(behavior: Callable) -> Callable:  # each wrap is given the servicer's method, named after the RPC
         # The log line's duration and the latency histogram exclude the span's own cost; the
-        # tracing wrap goes outside them, as it does not keep the method's name.
-        observed = traced(measured(logs.logged(behavior)))
+        # tracing wrap goes outside them, as it does not keep the method's name. The shared
+        # store's freshening is part of the call's cost, so it goes inside them all.
+        observed = traced(measured(logs.logged(current(behavior))))
         return in_flight.track(observed) if in_flight else observed
 
     add_servicer_to_server(servicer_for(settings, services), server, wrap)
@@ -306,6 +346,9 @@ def serve(settings: Settings, ready: threading.Event | None = None) -> int:
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
     start(server, health_servicer)
+    shared_health = SharedStoreHealth(services.store.shared, health_servicer) if services.store.shared else None
+    if shared_health:
+        shared_health.start()
     with metrics.bound() if metrics else contextlib.nullcontext():  # the job's rounds count in them
         job = BackgroundJob(services.compactor, settings.memory_compaction.interval_seconds) \
             if services.compactor else None
@@ -321,6 +364,8 @@ def serve(settings: Settings, ready: threading.Event | None = None) -> int:
     stopping.wait()
     if job:
         job.stop()  # a round in progress finishes: each compaction is one transaction
+    if shared_health:
+        shared_health.stop()  # before the drain: it must not turn health SERVING again
     health_servicer.enter_graceful_shutdown()
     grace = settings.server.grace_seconds
     stopped = server.stop(grace)  # refuses new calls from now on
