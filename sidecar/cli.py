@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import sys
 from collections.abc import Sequence
@@ -96,12 +97,20 @@ def _settings(args: argparse.Namespace) -> tuple[Settings, dict[tuple[str, str],
     return load_settings_and_sources(args.config, overrides=overrides)
 
 
+def without_password(conninfo: str) -> str:
+    """A PostgreSQL URL or key=value conninfo as it may be shown: its password as ``***``."""
+    shown = re.sub(r"^(postgres(?:ql)?://[^:@/?#]*:)[^@/?#]*@", r"\1***@", conninfo)
+    return re.sub(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", shown)
+
+
 def config_rows(settings: Settings, sources: dict[tuple[str, str], str], log_level: str | None) -> list[dict]:
     """Each setting's section, key, effective value and source; then the log level (a flag only)
     and the tenants (their count and ids: nothing of their tokens)."""
     rows = []
     for section, option in option_fields():
         value = getattr(getattr(settings, section.replace(".", "_")), option.name)
+        if (section, option.name) == ("storage", "shared"):
+            value = without_password(value)
         rows.append({"section": section, "key": option.name,
                      "value": list(value) if isinstance(value, tuple) else value,
                      "source": sources[(section, option.name)]})

@@ -98,3 +98,14 @@ def test_a_bad_setting_is_the_same_error_as_serve_gives(tmp_path: Path) -> None:
     result = run_cli(tmp_path, "config", "--keep-last-turns", "-1")
     assert result.returncode == 2
     assert "[context] keep_last_turns (from command line): must be at least 0" in result.stderr
+
+
+def test_the_shared_store_password_is_not_shown(tmp_path: Path) -> None:
+    for url, shown_as in (("postgresql://sidecar:hunter2-secret@db:5432/fleet", "postgresql://sidecar:***@db:5432/fleet"),
+                          ("host=db user=sidecar password=hunter2-secret dbname=fleet",
+                           "host=db user=sidecar password=*** dbname=fleet")):
+        for args in (("config",), ("config", "--json")):
+            result = run_cli(tmp_path, *args, env={"CONTEXT_SIDECAR_STORAGE_SHARED": url})
+            assert result.returncode == 0, result.stderr
+            assert "hunter2-secret" not in result.stdout
+            assert shown_as in result.stdout
