@@ -41,7 +41,7 @@ from sidecar.transcript.summaries import (
     record_summary,
     tokens_of,
 )
-from sidecar.transcript.window import Plan, TranscriptWindow, effective_budget, from_record, persist, plan
+from sidecar.transcript.window import Plan, TranscriptWindow, effective_budget, from_record, plan, window_record
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,15 +188,19 @@ class Turn:
         context = {"digests": [run.profile_digest, run.task_digest], "prefix": layout.prefix_sha256,
                    "changed": list(changed), "fixed_tokens": layout.fixed_tokens, "limit": layout.turn_limit,
                    "task_id": layout.task_id}
-        record = persist(self._deps, txn, self.key, run, self.iteration, chosen, top, due, context)
-        if run.fed_prefix != fed_before:
-            save_run(txn, self._db, self.key, run)
+        record = window_record(self._deps, txn, self.key, run, chosen, top, due, context)
         window = from_record(self._deps, txn, self.key, self.run_id, self.iteration, record)
         history = self._services.history.items(window, (self.key, run.incarnation))
         # What the next turn compares with is persisted with the window, in its context (the
-        # record's and the window's): each part's key and tokens, not its text.
+        # record's and the window's): each part's key and tokens, not its text. The record is
+        # written once, with it; and the run record once, if either of its fields moved.
         cache = context["cache"] = self._cache_state(txn, layout, window, history)
         put_window(txn, self._db, self.key, self.iteration, record)
+        newest = self.iteration > run.last_assembled
+        if newest:
+            run.last_assembled = self.iteration
+        if newest or run.fed_prefix != fed_before:
+            save_run(txn, self._db, self.key, run)
         return Fed(layout, window, history, cache)
 
     def _as_fed(self, txn: Txn, run: Run, layout: Layout, record: WindowRecord) -> Fed:

@@ -20,7 +20,7 @@ from sidecar.telemetry.tracing import phase
 from sidecar.text.counting import TokenCounter
 from sidecar.text.fencing import split_block
 from sidecar.transcript.log import log_entries_before, prefix_end
-from sidecar.transcript.runs import Deps, Run, require_run, save_run
+from sidecar.transcript.runs import Deps, Run, require_run
 from sidecar.transcript.schema import (
     CHUNK_EVENTS,
     Compaction,
@@ -31,7 +31,6 @@ from sidecar.transcript.schema import (
     forms_listed,
     log_entries_in,
     previous_window,
-    put_window,
     read_ids,
     read_records,
 )
@@ -279,10 +278,11 @@ def clip_mandatory(counter: TokenCounter, events: list[StoredEvent], budget: int
     return clipped
 
 
-def persist(deps: Deps, txn: Txn, key: bytes, run: Run, iteration: int, chosen: Plan,
-            top: Summary | None, due: Compaction | None, context: dict) -> WindowRecord:
-    """Persist what ``chosen`` feeds for ``iteration`` (clipping what must be), with the
-    compaction decision and the rest of the window's accounting (``context``); return the record."""
+def window_record(deps: Deps, txn: Txn, key: bytes, run: Run, chosen: Plan, top: Summary | None,
+                  due: Compaction | None, context: dict) -> WindowRecord:
+    """The record of what ``chosen`` feeds (clipping what must be), with the compaction decision
+    and the rest of the window's accounting (``context``), for the caller to persist once it has
+    added the request's cache state to ``context``."""
     db = deps.db
     summarized = summarized_events(txn, db, key, run, top, chosen.prefix_in)
     # The events fed in another form (cleared, clipped on an earlier turn), as they are now: the
@@ -315,10 +315,6 @@ def persist(deps: Deps, txn: Txn, key: bytes, run: Run, iteration: int, chosen: 
         [[form.seq, form.made_at] for form in forms.values()] if forms else None, due, context,
         # Everything fed: the transcript as clipped, and what the sections and tools add to it.
         tokens + context["fixed_tokens"])
-    put_window(txn, db, key, iteration, record)
-    if iteration > run.last_assembled:
-        run.last_assembled = iteration
-        save_run(txn, db, key, run)
     return record
 
 
