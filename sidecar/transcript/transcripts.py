@@ -113,7 +113,7 @@ class Transcripts:
                 content = redact(event.content)
             if event.role == "tool" or event.untrusted:
                 content = fence(content, "tool" if event.role == "tool" else "data")
-            sanitised.append(replace(event, content=content))
+            sanitised.append(event.with_content(content))
         return sanitised
 
     # -- runs ---------------------------------------------------------------------------------
