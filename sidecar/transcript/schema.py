@@ -214,14 +214,17 @@ def read_counts(txn: Txn, db: dict, key: bytes, start: int, end: int) -> bytes:
 
 def log_entries_in(txn: Txn, db: dict, key: bytes, start: int, end: int) -> list[int]:
     """The seqs of the sidecar's own entries (not transcript) in ``[start, end)``."""
-    seqs = []
+    return list(log_entries_from_seq(txn, db, key, start, end))
+
+
+def log_entries_from_seq(txn: Txn, db: dict, key: bytes, start: int, end: int) -> Iterator[int]:
+    """The same, read as they are consumed: a caller that needs only the first few stops early."""
     cursor = _cursor(txn, db["log_entries"])
     if cursor.set_range(numbered_key(key, start)):
         for entry_key in cursor.iternext(values=False):
             if not entry_key.startswith(key) or (seq := int.from_bytes(entry_key[len(key):], "big")) >= end:
-                break
-            seqs.append(seq)
-    return seqs
+                return
+            yield seq
 
 
 def log_entries_from(txn: Txn, db: dict, key: bytes, seq: int) -> int | None:

@@ -43,7 +43,7 @@ from sidecar.transcript.schema import (
     artifacts,
     event_by_id,
     event_seq,
-    log_entries_in,
+    log_entries_from_seq,
     put_artifact,
     put_compaction_record,
     put_summary_record,
@@ -405,8 +405,7 @@ def _replaced_events(txn: Txn, db: dict, key: bytes, run: Run, floor: int, event
     """The seqs of the events ``event_ids`` (found ones), and what is wrong with them: they must be
     the oldest not yet summarised, in order, without gaps. ``first_field``: the first one's place
     in replaced_event_ids."""
-    log_entries = set(log_entries_in(txn, db, key, floor, run.next_seq))
-    units = [seq for seq in range(floor, run.next_seq) if seq not in log_entries]
+    units = _first_units(txn, db, key, floor, run.next_seq, len(event_ids))
     seqs: list[int] = []
     violations = []
     for position, event_id in enumerate(event_ids):
@@ -422,6 +421,22 @@ def _replaced_events(txn: Txn, db: dict, key: bytes, run: Run, floor: int, event
                 "not yet summarised must be replaced in order, without gaps)"))
         seqs.append(seq)
     return seqs, violations
+
+
+def _first_units(txn: Txn, db: dict, key: bytes, start: int, end: int, count: int) -> list[int]:
+    """The seqs of the first ``count`` host events in ``[start, end)``, the sidecar's own entries
+    (summaries recorded since) skipped: read no further than they reach, however long the log."""
+    own = log_entries_from_seq(txn, db, key, start, end)
+    next_own = next(own, end)
+    units: list[int] = []
+    seq = start
+    while seq < end and len(units) < count:
+        if seq == next_own:
+            next_own = next(own, end)
+        else:
+            units.append(seq)
+        seq += 1
+    return units
 
 
 def _uncuttable(deps: Deps, txn: Txn, key: bytes, run: Run, iteration: int, counts: bytes, floor: int,
