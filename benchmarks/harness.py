@@ -4,6 +4,7 @@ percentile), interleaved rounds; their corpus is benchmarks/corpus.py (sidecar.b
 from __future__ import annotations
 
 import os
+import random
 import subprocess
 import sys
 import time
@@ -36,41 +37,75 @@ class Samples:
         return self.percentile(0.99)
 
 
+@dataclass(frozen=True)
+class Serving:
+    """A server process while it runs, and the address it listens on."""
+
+    process: subprocess.Popen
+    address: str
+
+
 @contextmanager
-def sidecar_address(storage: Path, flags: Sequence[str], server_env: dict[str, str] | None = None,
-                    tree: Path | None = None) -> Iterator[str]:
-    """``python -m sidecar serve`` on a free loopback port; its address while it runs.
-    ``tree``: a source tree (with fastcore compiled in place) whose sidecar runs instead of the
-    installed one: ``-m`` looks in the working directory first."""
-    command = [sys.executable, "-m", "sidecar", "serve", "--listen", "127.0.0.1:0", "--storage-path", str(storage),
-               "--log-level", "WARNING", *flags]
-    env = {**os.environ, **(server_env or {}), **({"PYTHONPATH": str(tree)} if tree else {})}
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env, cwd=tree)
+def serving(command: Sequence[str], ready: str = READY, env: dict[str, str] | None = None,
+            cwd: Path | None = None) -> Iterator[Serving]:
+    """Start ``command``, a server that prints ``ready`` and its address as its first line on
+    stdout once it serves; terminate it afterwards."""
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env, cwd=cwd)
     try:
         line = process.stdout.readline()
-        if not line.startswith(READY):
-            raise SystemExit(f"the sidecar did not start: {line!r}")
-        yield line[len(READY):].strip()
+        if not line.startswith(ready):
+            raise SystemExit(f"{' '.join(command[:3])} did not start: {line!r}")
+        yield Serving(process, line[len(ready):].strip())
     finally:
         process.terminate()
         process.wait(timeout=60)
 
 
 @contextmanager
+def sidecar_serving(storage: Path, flags: Sequence[str], server_env: dict[str, str] | None = None,
+                    tree: Path | None = None) -> Iterator[Serving]:
+    """``python -m sidecar serve`` on a free loopback port, while it runs.
+    ``tree``: a source tree (with fastcore compiled in place) whose sidecar runs instead of the
+    installed one: ``-m`` looks in the working directory first."""
+    command = [sys.executable, "-m", "sidecar", "serve", "--listen", "127.0.0.1:0", "--storage-path", str(storage),
+               "--log-level", "WARNING", *flags]
+    env = {**os.environ, **(server_env or {}), **({"PYTHONPATH": str(tree)} if tree else {})}
+    with serving(command, READY, env, tree) as sidecar:
+        yield sidecar
+
+
+@contextmanager
+def sidecar_address(storage: Path, flags: Sequence[str], server_env: dict[str, str] | None = None,
+                    tree: Path | None = None) -> Iterator[str]:
+    """The same sidecar's address while it runs."""
+    with sidecar_serving(storage, flags, server_env, tree) as sidecar:
+        yield sidecar.address
+
+
+@contextmanager
+def channel_to(address: str) -> Iterator[grpc.Channel]:
+    """A raw channel (for the benchmarks that time the stubs), closed afterwards."""
+    channel = grpc.insecure_channel(address, options=[("grpc.max_receive_message_length", 64 << 20)])
+    try:
+        yield channel
+    finally:
+        channel.close()
+
+
+@contextmanager
 def sidecar_process(storage: Path, flags: Sequence[str], server_env: dict[str, str] | None = None,
                     tree: Path | None = None) -> Iterator[grpc.Channel]:
-    """The same sidecar, and a raw channel to it (for the benchmarks that time the stubs)."""
-    with sidecar_address(storage, flags, server_env, tree) as address:
-        channel = grpc.insecure_channel(address, options=[("grpc.max_receive_message_length", 64 << 20)])
-        try:
-            yield channel
-        finally:
-            channel.close()
+    """The same sidecar, and a raw channel to it."""
+    with sidecar_address(storage, flags, server_env, tree) as address, channel_to(address) as channel:
+        yield channel
 
 
-def interleaved(calls: dict[str, Callable[[], object]], rounds: int, warmup: int = 20) -> dict[str, Samples]:
+def interleaved(calls: dict[str, Callable[[], object]], rounds: int, warmup: int = 20,
+                shuffle: random.Random | None = None) -> dict[str, Samples]:
     """Time every call once per round, in an order that rotates each round, so the drift of a
-    shared machine hits every figure alike."""
+    shared machine hits every figure alike. A rotation keeps each call's predecessor (a call to
+    the same process, to another, or a pause in this one), which moves a fast call's time by tens
+    of microseconds; ``shuffle`` draws each round's order afresh, so no call keeps one."""
     keys = list(calls)
     for _ in range(warmup):
         for call in calls.values():
@@ -78,7 +113,7 @@ def interleaved(calls: dict[str, Callable[[], object]], rounds: int, warmup: int
     samples = {key: Samples() for key in keys}
     for round_ in range(rounds):
         offset = round_ % len(keys)
-        for key in keys[offset:] + keys[:offset]:
+        for key in shuffle.sample(keys, len(keys)) if shuffle else keys[offset:] + keys[:offset]:
             begin = time.perf_counter()
             calls[key]()
             samples[key].seconds.append(time.perf_counter() - begin)

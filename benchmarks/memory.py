@@ -34,6 +34,7 @@ from sidecar.text.redaction import Redactor
 REF = "mem:agent-bench"
 BUDGET = 2000
 NAMES = [f"name{i:04d}" for i in range(5000)]
+QUERY = f"refund {NAMES[17]} {NAMES[4242]}"  # one word in most entries, two rare ones
 
 
 def entry_texts(count: int, seed: int) -> list[str]:
@@ -93,8 +94,7 @@ def measure(entries: int, rounds: int, puts: int) -> None:
             stub = pb_grpc.ContextSidecarStub(channel)
             health = health_pb2_grpc.HealthStub(channel)
             recency = pb.ListMemoryRequest(memory_ref=REF, token_budget=BUDGET)
-            relevance = pb.ListMemoryRequest(memory_ref=REF, token_budget=BUDGET, rank="relevance",
-                                             query=f"refund {NAMES[17]} {NAMES[4242]}")
+            relevance = pb.ListMemoryRequest(memory_ref=REF, token_budget=BUDGET, rank="relevance", query=QUERY)
             sample = {"recency": stub.ListMemory(recency), "relevance": stub.ListMemory(relevance)}
             samples = interleaved({"bare": lambda: health.Check(health_pb2.HealthCheckRequest()),
                                    "recency": lambda: stub.ListMemory(recency),

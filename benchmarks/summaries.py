@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -58,6 +59,31 @@ def build(stub: pb_grpc.ContextSidecarStub, stacked: int) -> dict:
     return {"refs": refs, "unsummarised": deque(f"e{i}" for i in range(stacked, total)), "iteration": stacked + 2}
 
 
+def writing_calls(stub: pb_grpc.ContextSidecarStub, state: dict,
+                  new_contents: list[str]) -> dict[str, Callable[[], object]]:
+    """The run's writing calls: ``turn`` appends one event for a new iteration (its content from
+    ``new_contents``); ``record`` folds the summary in force and the oldest unsummarised event into
+    one summary (``recursive``), so as many turns as records keep the stack and the events at
+    their size."""
+
+    def turn() -> None:
+        iteration = state["iteration"]
+        stub.AssembleContext(pb.AssembleContextRequest(run_id=RUN, iteration=iteration, append_events=[
+            pb.Event(event_id=f"t{iteration}", role="user", content=new_contents[iteration % len(new_contents)])]))
+        state["unsummarised"].append(f"t{iteration}")
+        state["iteration"] += 1
+
+    def record() -> None:
+        # The summary in force folded with the next event: the stack keeps its size.
+        folded = state["unsummarised"].popleft()
+        recorded = stub.RecordSummary(pb.RecordSummaryRequest(
+            run_id=RUN, iteration=state["iteration"], strategy="recursive",
+            replaced_event_ids=[state["refs"][-1], folded], summary_text=summary_text(len(state["refs"]))))
+        state["refs"][-1] = recorded.summary_ref
+
+    return {"turn": turn, "record": record}
+
+
 def measure(rounds: int, stacked: int, extra_flags: list[str]) -> None:
     with tempfile.TemporaryDirectory(prefix="sidecar-bench-") as tmp:
         with sidecar_process(Path(tmp) / "lmdb", ["--token-counter", "o200k_base", "--transcript-token-budget",
@@ -69,27 +95,11 @@ def measure(rounds: int, stacked: int, extra_flags: list[str]) -> None:
             pinned = state["iteration"] - 1
             window = stub.AssembleContext(pb.AssembleContextRequest(run_id=RUN, iteration=pinned))
             in_window = sum(1 for entry in window.entries if entry.type == "context.summary")
-            new_contents = corpus.contents(rounds + 64, seed=11)
-
-            def turn() -> None:
-                iteration = state["iteration"]
-                stub.AssembleContext(pb.AssembleContextRequest(run_id=RUN, iteration=iteration, append_events=[
-                    pb.Event(event_id=f"t{iteration}", role="user",
-                             content=new_contents[iteration % len(new_contents)])]))
-                state["unsummarised"].append(f"t{iteration}")
-                state["iteration"] += 1
-
-            def record() -> None:
-                # The summary in force folded with the next event: the stack keeps its size.
-                folded = state["unsummarised"].popleft()
-                recorded = stub.RecordSummary(pb.RecordSummaryRequest(
-                    run_id=RUN, iteration=state["iteration"], strategy="recursive",
-                    replaced_event_ids=[state["refs"][-1], folded], summary_text=summary_text(len(state["refs"]))))
-                state["refs"][-1] = recorded.summary_ref
+            writes = writing_calls(stub, state, corpus.contents(rounds + 64, seed=11))
 
             calls = {"bare": lambda: health.Check(health_pb2.HealthCheckRequest()),
                      "assemble": lambda: stub.AssembleContext(pb.AssembleContextRequest(run_id=RUN, iteration=pinned)),
-                     "turn": turn, "record": record}
+                     **writes}
             samples = interleaved(calls, rounds)
             last = stub.AssembleContext(pb.AssembleContextRequest(run_id=RUN, iteration=state["iteration"] - 1))
             still = sum(1 for entry in last.entries if entry.type == "context.summary")
