@@ -40,7 +40,7 @@ floor's commits write is measured the same way and printed beside.
 ``figure / bare`` is over the sidecar's bare RPC (a health Check) in the same rounds; the Python
 client's row is over a health Check through ``sidecar.client``.
 
-    python -m benchmarks.floors [--rounds 300] [--events 10000] [--memory-entries 100000] [--json PATH]
+    python -m benchmarks.floors [--rounds 300] [--events 10000] [--memory-entries 100000] [--json PATH] [--tree DIR]
 """
 
 from __future__ import annotations
@@ -249,7 +249,9 @@ def measure(args: argparse.Namespace) -> dict:
         load_seconds = load_memory(folder / "lmdb", args.memory_entries)
         print(f"put {args.memory_entries:,} memory entries in {load_seconds:.1f} s (--no-sync)", file=sys.stderr)
         started = time.perf_counter()
-        sidecar_server = stack.enter_context(sidecar_serving(folder / "lmdb", FLAGS))
+        # --tree: the figures of another source tree's sidecar (the floors are the same): run
+        # once with the tree before a change and once without, and compare figure / floor.
+        sidecar_server = stack.enter_context(sidecar_serving(folder / "lmdb", FLAGS, tree=args.tree))
         channel = stack.enter_context(channel_to(sidecar_server.address))
         client = stack.enter_context(Client(sidecar_server.address))
         sidecar = load_sidecar(channel, client, args.events, args.rounds)
@@ -304,6 +306,7 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=10_000, help="events in the run re-assembled")
     parser.add_argument("--memory-entries", type=int, default=100_000, help="entries in the memory ref")
     parser.add_argument("--json", type=Path, help="also write the figures here, as JSON")
+    parser.add_argument("--tree", type=Path, help="run the sidecar of this source tree (fastcore compiled in place)")
     args = parser.parse_args()
     result = measure(args)
     print_report(result)
