@@ -146,29 +146,29 @@ def entry_at(window: TranscriptWindow, position: int) -> tuple[StoredEvent, str,
     return (event, event.content, event.tokens) if clip is None else (event, clip.text, clip.tokens)
 
 
-def sections(plan: Layout, window: TranscriptWindow, with_text: bool = True) -> list[Section]:
+def sections(plan: Layout, window: TranscriptWindow, history: Sequence[HistoryItem],
+             with_text: bool = True) -> list[Section]:
     """Every section of the window, in the declared order. The transcript's sections name
-    their entries; their tokens add up to the window's transcript tokens."""
+    their entries; their tokens add up to the window's transcript tokens. ``history`` is the
+    window's entries as items (:meth:`HistoryCache.items`): their roles and counts are read
+    there, not decoded again from the records (a window may feed dozens of summaries)."""
     kept = plan.kept
     out = [Section(s.name, s.stability, s.name in kept, s.text if with_text else "", s.tokens) for s in plan.sections]
     fed = window.summaries_fed
-    tail = len(window.records)
+    tail = len(history)
     tail_tokens = 0
     # The tool results the model is to act on: the trailing run of role "tool" entries.
-    while tail > fed:
-        event, _, tokens = entry_at(window, tail - 1)
-        if event.role != "tool":
-            break
+    while tail > fed and history[tail - 1].role == "tool":
         tail -= 1
-        tail_tokens += tokens
-    summary_tokens = sum(entry_at(window, i)[2] for i in range(fed))
+        tail_tokens += history[tail].tokens
+    summary_tokens = sum(item.tokens for item in history[:fed])
     ids = window.event_ids
     if fed:
         out.append(Section(STATE_SUMMARY, PER_TURN, STATE_SUMMARY in kept, "", summary_tokens, tuple(ids[:fed])))
     if tail > fed:
         out.append(Section(HISTORY, PER_TURN, HISTORY in kept, "",
                            window.token_count - summary_tokens - tail_tokens, tuple(ids[fed:tail])))
-    if tail < len(window.records):
+    if tail < len(history):
         out.append(Section(TOOL_RESULTS, PER_TURN, TOOL_RESULTS in kept, "", tail_tokens, tuple(ids[tail:])))
     return out
 

@@ -295,7 +295,7 @@ class Turn:
             with tracing.phase("render"):
                 rendered = sections.render(self.render, fed.layout, fed.history, fed.cache,
                                            self._services.render.openai_prompt_cache_retention)
-        assembled = _assembled(fed.layout, window, self.render, rendered, fed.cache)
+        assembled = _assembled(fed, self.render, rendered)
         metrics.turn_fed(window.token_count, window.token_budget, assembled.window_tokens,
                          assembled.cache.stable_prefix_tokens, assembled.cache.break_reason)
         return assembled
@@ -326,10 +326,11 @@ def _unchanged(chosen: Plan, record: WindowRecord, run: Run) -> bool:
         record.context["digests"] == [run.profile_digest, run.task_digest]
 
 
-def _assembled(layout: Layout, window: TranscriptWindow, render: str, rendered: str, cache: dict) -> AssembledContext:
+def _assembled(fed: Fed, render: str, rendered: str) -> AssembledContext:
+    layout, window, cache = fed.layout, fed.window, fed.cache
     context = window.context or {}
     return AssembledContext(
-        window, tuple(sections.sections(layout, window, with_text=not render)), context.get("prefix", ""),
+        window, tuple(sections.sections(layout, window, fed.history, with_text=not render)), context.get("prefix", ""),
         tuple(context.get("changed", ())), window.window_tokens, layout.profile.tools_tokens,
         context.get("limit", layout.turn_limit), context.get("task_id", layout.task_id),
         rendered, sections.cache_report(cache))
