@@ -14,7 +14,7 @@ the parts that did.
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import cast
@@ -175,25 +175,32 @@ def sections(plan: Layout, window: TranscriptWindow, history: Sequence[HistoryIt
 
 class HistoryCache:
     """The window's entries as renderings take them, each with its text already quoted as JSON,
-    by (run, incarnation, event id): an event never changes, and a turn's window is mostly the
-    previous turn's, so a turn decodes and quotes only what is new. An entry fed in another form
-    (cleared, clipped) is kept by that form too (its text and count): a cleared result is fed
-    as the same placeholder on every later turn, and a cleared run's window is mostly those.
-    The oldest go first once it holds ``size``."""
+    by run (key and incarnation) and event id: an event never changes, and a turn's window is
+    mostly the previous turn's, so a turn decodes and quotes only what is new. An entry fed in
+    another form (cleared, clipped) is kept by that form too (its text and count): a cleared
+    result is fed as the same placeholder on every later turn, and a cleared run's window is
+    mostly those. The oldest go first once it holds ``size``."""
 
     def __init__(self, size: int = 20_000) -> None:
-        self._items: OrderedDict[tuple, HistoryItem] = OrderedDict()
+        # Per run, so that a window is looked up by its event ids as they are (a str keeps its
+        # hash; a tuple key per entry would be built and hashed on every turn); ``_order`` is the
+        # order they came in, across runs.
+        self._runs: dict[tuple, dict[str | tuple, HistoryItem]] = {}
+        self._order: deque[tuple[tuple, str | tuple]] = deque()
         self._lock = threading.Lock()
         self._size = size
+
+    def __len__(self) -> int:
+        """How many items it holds (at most ``size``)."""
+        return len(self._order)
 
     def items(self, window: TranscriptWindow, run: tuple) -> tuple[HistoryItem, ...]:
         """The window's entries as items: a tuple, which the renderings split into turns once
         for the whole request (see rendering._turns)."""
-        found = self._items
-        keys: list[tuple] = [(run, event_id) for event_id in window.event_ids]
+        keys: list[str | tuple] = list(window.event_ids)
         for position, clip in window.clips.items():
-            keys[position] = (run, keys[position][1], clip.text, clip.tokens)
-        history = list(map(found.get, keys))  # the whole window in C; most entries are known
+            keys[position] = (keys[position], clip.text, clip.tokens)
+        history = list(map(self._runs.get(run, {}).get, keys))  # the whole window in C; most entries are known
         if not all(history):
             for position, item in enumerate(history):
                 if item is None:
@@ -201,12 +208,22 @@ class HistoryCache:
                     item = HistoryItem(event.event_id, event.role, event.type, text, event.call_id, event.tool_name,
                                        quote(text),
                                        item_key(event.role, event.type, text, event.call_id, event.tool_name), tokens)
-                    with self._lock:
-                        found[keys[position]] = item
-                        if len(found) > self._size:
-                            found.popitem(last=False)
+                    self._keep(run, keys[position], item)
                     history[position] = item
         return tuple(cast("list[HistoryItem]", history))  # every None is filled in by now
+
+    def _keep(self, run: tuple, key: str | tuple, item: HistoryItem) -> None:
+        with self._lock:
+            kept = self._runs.setdefault(run, {})
+            if key not in kept:
+                self._order.append((run, key))
+            kept[key] = item
+            if len(self._order) > self._size:
+                oldest_run, oldest = self._order.popleft()
+                of_run = self._runs[oldest_run]
+                del of_run[oldest]
+                if not of_run:
+                    del self._runs[oldest_run]
 
 
 def render(kind: str, plan: Layout, history: Sequence[HistoryItem], cache: dict,
