@@ -350,9 +350,8 @@ class WindowRecord:
         compaction = value.get("compaction")
         return cls(
             tuple(value["plan"]), value["start"], value["end"], value["counter"], value["budget"], value["tokens"],
-            value["skip"], tuple((seq, text, tokens) for seq, text, tokens in value["clipped"]),
-            tuple((index, ref) for index, ref in value["summaries"]), value["omitted"], value.get("summarized"),
-            value.get("fed"),
+            value["skip"], tuple(map(tuple, value["clipped"])), tuple(map(tuple, value["summaries"])),
+            value["omitted"], value.get("summarized"), value.get("fed"),
             Compaction(compaction[0], tuple(compaction[1]), *compaction[2:]) if compaction is not None else None,
             value.get("context"), value.get("window_tokens"))
 

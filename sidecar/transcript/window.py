@@ -333,9 +333,11 @@ def _from_record(deps: Deps, txn: Txn, key: bytes, run_id: str, iteration: int, 
     ids = read_ids(txn, db, key, start, end)
     # The sidecar's own entries in the window (a few log entries) are cut out between slices, and
     # an event's position is its seq less the entries before it: no pass in Python per entry.
+    # Only the gaps that hold events are sliced: a summary's log entries often lie side by side.
     skip = sorted(record.skip)
     if skip:
-        pieces = [(low + 1 - start, high - start) for low, high in zip([start - 1, *skip], [*skip, end])]
+        pieces = [(low + 1 - start, high - start) for low, high in zip([start - 1, *skip], [*skip, end])
+                  if high > low + 1]
         records = list(chain.from_iterable(records[low:high] for low, high in pieces))
         ids = list(chain.from_iterable(ids[low:high] for low, high in pieces))
     refs = [ref for _, ref in record.summaries]
