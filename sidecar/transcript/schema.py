@@ -407,6 +407,17 @@ def summary_record(txn: Txn, db: dict, key: bytes, index: int) -> bytes:
     return _stored(txn, db["summaries"], numbered_key(key, index), "summary")
 
 
+def summary_records(txn: Txn, db: dict, key: bytes) -> Callable[[int], bytes]:
+    """The run's summary records by index, read on one cursor: a turn walks a stack of dozens."""
+    cursor = _cursor(txn, db["summaries"])
+
+    def record(index: int) -> bytes:
+        if not cursor.set_key(numbered_key(key, index)):
+            raise LookupError("the summary record is missing")  # a defect, not a user error
+        return cursor.value()
+    return record
+
+
 def put_summary_record(txn: Txn, db: dict, key: bytes, index: int, data: bytes) -> None:
     txn.put(numbered_key(key, index), data, db=db["summaries"])
 

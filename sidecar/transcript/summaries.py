@@ -52,6 +52,7 @@ from sidecar.transcript.schema import (
     read_ids,
     run_id_of,
     summary_record,
+    summary_records,
 )
 from sidecar.validation import check_at_least, check_id, check_text_bytes
 
@@ -118,13 +119,22 @@ class InForce:
     ref: str
 
 
-def _in_force_at(txn: Txn, db: dict, key: bytes, index: int) -> InForce:
-    data = summary_record(txn, db, key, index)
+def _in_force(index: int, data: bytes) -> InForce:
     if data[:1] == b"{":
         summary = Summary.parse(data)
         return InForce(index, summary.below, summary.depth, summary.tokens_after, summary.ref)
     _, below, depth, tokens, ref_length = _HEAD.unpack_from(data)
     return InForce(index, below, depth, tokens, data[_HEAD.size:_HEAD.size + ref_length].decode("utf-8"))
+
+
+def _link(data: bytes) -> tuple[int, int]:
+    """A summary record's ``below`` and ``tokens_after``: its fixed head alone (a record of layout 1
+    is parsed whole)."""
+    if data[:1] == b"{":
+        summary = Summary.parse(data)
+        return summary.below, summary.tokens_after
+    _, below, _, tokens, _ = _HEAD.unpack_from(data)
+    return below, tokens
 
 
 def stack_down(txn: Txn, db: dict, key: bytes, top: Summary | None) -> Iterator[InForce]:
@@ -133,9 +143,10 @@ def stack_down(txn: Txn, db: dict, key: bytes, top: Summary | None) -> Iterator[
     if top is None:
         return
     yield InForce(top.index, top.below, top.depth, top.tokens_after, top.ref)
+    record = summary_records(txn, db, key)
     below = top.below
     while below != NO_SUMMARY:
-        summary = _in_force_at(txn, db, key, below)
+        summary = _in_force(below, record(below))
         yield summary
         below = summary.below
 
@@ -150,14 +161,19 @@ def feedable_tokens(txn: Txn, db: dict, key: bytes, top: Summary | None, budget:
     """The counts of the newest summaries in force that a window of ``budget`` tokens and at most
     ``max_entries`` entries (0: no bound) could hold, oldest first: a window takes summaries newest
     first and stops at the first that does not fit, so none older than these can be in it, and
-    the walk down the stack stops where the window must."""
+    the walk down the stack stops where the window must. Every plan walks it, so it reads only
+    each record's link and count (not :func:`stack_down`'s whole ``InForce``)."""
+    if top is None:
+        return ()
     tokens: list[int] = []
-    total = 0
-    for summary in stack_down(txn, db, key, top):
-        if (max_entries and len(tokens) >= max_entries) or total + summary.tokens > budget:
+    total, below, count = 0, top.below, top.tokens_after
+    record = summary_records(txn, db, key)
+    while not (max_entries and len(tokens) >= max_entries) and total + count <= budget:
+        total += count
+        tokens.append(count)
+        if below == NO_SUMMARY:
             break
-        total += summary.tokens
-        tokens.append(summary.tokens)
+        below, count = _link(record(below))
     return tuple(reversed(tokens))
 
 

@@ -270,8 +270,9 @@ def test_a_run_recorded_with_the_first_summary_layout_reads_back_the_same(start_
     with store.read() as txn:
         assert txn.get(key + (5).to_bytes(4, "big"), db=store.db["summaries"]).startswith(b"{")
 
-    def fed(run_id: str, iteration: int) -> list[tuple[str, str]]:
-        answer = stub.AssembleContext(pb.AssembleContextRequest(run_id=run_id, iteration=iteration))
+    def fed(run_id: str, iteration: int, budget: int | None = None) -> list[tuple[str, str]]:
+        answer = stub.AssembleContext(pb.AssembleContextRequest(run_id=run_id, iteration=iteration,
+                                                                max_transcript_tokens=budget))
         return [(e.event_id, e.text) for e in answer.entries]
 
     assert fed("first-layout", 8) == fed("current", 8)
@@ -286,3 +287,7 @@ def test_a_run_recorded_with_the_first_summary_layout_reads_back_the_same(start_
             summary_text="Summary 6: folded."))
     assert fed("first-layout", 9) == fed("current", 9)
     assert [text for _, text in fed("first-layout", 9)[:4]] == [texts[0], texts[1], texts[2], "Summary 6: folded."]
+    # Under budgets that hold only the newest summaries, the counts read from the old records
+    # decide where the window stops, to the token.
+    for budget in range(1, 260):
+        assert fed("first-layout", 9, budget) == fed("current", 9, budget), budget
