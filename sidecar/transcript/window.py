@@ -36,6 +36,7 @@ from sidecar.transcript.schema import (
 )
 from sidecar.transcript.summaries import (
     NO_SUMMARY,
+    InForce,
     Summary,
     feedable_tokens,
     in_force,
@@ -208,15 +209,15 @@ def host_events(txn: Txn, db: dict, key: bytes, run: Run, start: int, end: int) 
 
 
 def summarized_events(txn: Txn, db: dict, key: bytes, run: Run, top: Summary | None,
-                      prefix_in: int) -> int:
-    """How many host events the newest ``prefix_in`` summaries of ``top``'s stack stand in for.
+                      fed: list[InForce]) -> int:
+    """How many host events ``fed``, the newest summaries of ``top``'s stack (oldest first), stand in for.
 
     The summaries in force cover the log below ``top.to_seq`` end to end, oldest first (each
     replaces the oldest events not yet summarised, and a stacking one the summaries it folds in),
-    so the newest ``prefix_in`` of them cover from the floor of the one before them."""
-    if top is None or not prefix_in:
+    so the newest of them cover from the floor of the one before them."""
+    if top is None or not fed:
         return 0
-    under = newest_in_force(txn, db, key, top, prefix_in)[0].below  # the summary before them
+    under = fed[0].below  # the summary before them
     covered_from = load_summary(txn, db, key, under).to_seq if under != NO_SUMMARY else 0
     return host_events(txn, db, key, run, covered_from, top.to_seq)
 
@@ -284,7 +285,8 @@ def window_record(deps: Deps, txn: Txn, key: bytes, run: Run, chosen: Plan, top:
     and the rest of the window's accounting (``context``), for the caller to persist once it has
     added the request's cache state to ``context``."""
     db = deps.db
-    summarized = summarized_events(txn, db, key, run, top, chosen.prefix_in)
+    fed = newest_in_force(txn, db, key, top, chosen.prefix_in)  # one walk down the stack, for both
+    summarized = summarized_events(txn, db, key, run, top, fed)
     # The events fed in another form (cleared, clipped on an earlier turn), as they are now: the
     # record names the forms, so the window reads back as fed whatever later turns change.
     forms = current_forms(txn, db, key, chosen.start, chosen.end)
@@ -310,7 +312,7 @@ def window_record(deps: Deps, txn: Txn, key: bytes, run: Run, chosen: Plan, top:
     record = WindowRecord(
         chosen.identity(), chosen.start, chosen.end, chosen.token_counter, chosen.budget, tokens,
         log_entries_in(txn, db, key, chosen.start, chosen.end), tuple(clipped),
-        tuple((summary.index, summary.ref) for summary in newest_in_force(txn, db, key, top, chosen.prefix_in)),
+        tuple((summary.index, summary.ref) for summary in fed),
         host_events(txn, db, key, run, 0, chosen.start) - summarized, summarized,
         [[form.seq, form.made_at] for form in forms.values()] if forms else None, due, context,
         # Everything fed: the transcript as clipped, and what the sections and tools add to it.
@@ -360,7 +362,8 @@ def _from_record(deps: Deps, txn: Txn, key: bytes, run_id: str, iteration: int, 
         # Persisted before the two counts were apart: "omitted" then held every host event
         # before the window, the summarised ones too.
         top = load_summary(txn, db, key, record.summaries[-1][0]) if record.summaries else None
-        summarized = summarized_events(txn, db, key, require_run(txn, db, key, run_id), top, len(record.summaries))
+        summarized = summarized_events(txn, db, key, require_run(txn, db, key, run_id), top,
+                                       newest_in_force(txn, db, key, top, len(record.summaries)))
         omitted -= summarized
     return TranscriptWindow(
         run_id, iteration, record.counter, record.budget, record.tokens, omitted,
