@@ -280,8 +280,9 @@ def _clearable(item: HistoryItem) -> bool:
 def cache_state(form: str, plan: Layout, window: TranscriptWindow, history: Sequence[HistoryItem],
                 changed: tuple[str, ...], previous: dict | None) -> dict:
     """This request's cache state, to persist with its window (what the next turn compares
-    with: each part's key and tokens, Anthropic's breakpoints), and its report against
-    ``previous`` (the previous assembly's state; None: there is none)."""
+    with: each part's key, Anthropic's breakpoints), and its report against ``previous`` (the
+    previous assembly's state; None: there is none). The parts' tokens are not kept: the
+    stable prefix's are this request's, and every re-assembly parses what is kept."""
     parts, start, clearable = request_parts(form, plan, history)
     keys, tokens = (list(column) for column in zip(*parts))  # a request has its prefix part at least
     fed = window.summaries_fed
@@ -303,7 +304,7 @@ def cache_state(form: str, plan: Layout, window: TranscriptWindow, history: Sequ
         room = ANTHROPIC_MAX_BREAKPOINTS - plan.anthropic.has_system_blocks - (start > 1)  # static, per-task
         rolling = anthropic_rolling(len(keys) - 1, reads, start + clearable - 1 if clearable > 0 else -1, room)
     reason = _break_reason(form, previous, keys, at, changed, first, altered)
-    return {"form": form, "keys": keys, "tokens": tokens, "history_from": start, "rolling": rolling,
+    return {"form": form, "keys": keys, "history_from": start, "rolling": rolling,
             "first": first, "altered": altered, "report": [sum(tokens[:at]), at, reason]}
 
 

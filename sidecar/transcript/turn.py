@@ -192,7 +192,7 @@ class Turn:
         window = from_record(self._deps, txn, self.key, self.run_id, self.iteration, record)
         history = self._services.history.items(window, (self.key, run.incarnation))
         # What the next turn compares with is persisted with the window, in its context (the
-        # record's and the window's): each part's key and tokens, not its text. The record is
+        # record's and the window's): each part's key, not its text. The record is
         # written once, with it; and the run record once, if either of its fields moved.
         cache = context["cache"] = self._cache_state(txn, layout, window, history)
         put_window(txn, self._db, self.key, self.iteration, record)
