@@ -3,7 +3,8 @@
 """Relevance ranking for memory search, compiled: BM25 over postings, cosine over embeddings.
 
 Every function here has a readable twin in ``fastcore/_search_reference.py`` that documents it
-and that the tests hold it to, ordinal for ordinal. Plain values in and out: bytes-like
+and that the tests hold it to, ordinal for ordinal (``bm25_top``'s pruning, the way it gets to
+the specification's answer, is ``bm25_top_pruned`` there). Plain values in and out: bytes-like
 postings and vectors, floats, ints; this module knows nothing of LMDB or protobuf.
 
 Both rank with a bounded heap of the ``top`` best hits: the caller walks the ranking under a
@@ -13,18 +14,23 @@ multiply and an add (one rounding instead of two) where the target has FMA, so b
 the same doubles and break ties the same way: equal scores, larger (newer) ordinal first.
 """
 
-from libc.math cimport sqrt
+from libc.math cimport INFINITY, fabs, isfinite, ldexp, sqrt
 from libc.stdint cimport uint16_t, uint32_t
-from libc.stdlib cimport calloc, free, malloc
-from libc.string cimport memcpy
+from libc.stdlib cimport calloc, free, malloc, qsort
+from libc.string cimport memcpy, memset
 
 cdef enum:
     _POSTING_SIZE = 8
     _NORM_TABLE = 1024  # entry lengths below this get their length normalisation from a table
     _LANES = 8  # cosine sums run in this many interleaved lanes (a power of two)
+    # BM25 pruning gathers the rarest terms while they hold at most 1 / _GATHER_SHARE of the
+    # work of scoring everything (records and ordinals): pruning that needs more seldom pays,
+    # and giving up wastes little.
+    _GATHER_SHARE = 64
 
 POSTING_SIZE = _POSTING_SIZE
 LANES = _LANES
+GATHER_SHARE = _GATHER_SHARE
 
 
 cdef inline uint32_t _u32(const unsigned char* p) noexcept nogil:
@@ -111,8 +117,287 @@ cdef list _best_first(Hit* heap, Py_ssize_t size):
 
 # -- BM25 -------------------------------------------------------------------------------------
 
+cdef struct Lengths:
+    # BM25's length normalisation k1 * (1 - b + b * dl / avgdl), tabled for the short lengths.
+    double k1, b, avgdl
+    double table[_NORM_TABLE]
+
+
+cdef inline double _norm(const Lengths* lengths, uint16_t dl) noexcept nogil:
+    if dl < _NORM_TABLE:
+        return lengths.table[dl]
+    return lengths.k1 * (1 - lengths.b + lengths.b * dl / lengths.avgdl)
+
+
+cdef inline double _term_score(double idf, uint16_t tf, double norm, double k1_plus_1) noexcept nogil:
+    # The twin's expression, so the same double. A record with tf 0 is not an occurrence and
+    # scores 0 (not 0 / 0 when k1 == 0): adding +0.0 leaves every sum but -0.0 as it was.
+    if tf == 0:
+        return 0
+    return idf * tf * k1_plus_1 / (tf + norm)
+
+
+cdef struct Term:
+    const unsigned char* records
+    Py_ssize_t count
+    double idf
+    Py_ssize_t position  # in the query: an entry adds up its term scores in this order
+    double bound  # no record of the term scores more (to within the margin)
+    Py_ssize_t cursor  # lookups go from the last record down: the last one not yet passed
+
+
+cdef inline uint32_t _ordinal(const Term* term, Py_ssize_t r) noexcept nogil:
+    return _u32(term.records + r * _POSTING_SIZE)
+
+
+cdef inline double _record_score(const Term* term, Py_ssize_t r, const Lengths* lengths) noexcept nogil:
+    cdef const unsigned char* p = term.records + r * _POSTING_SIZE
+    return _term_score(term.idf, _u16(p + 4), _norm(lengths, _u16(p + 6)), lengths.k1 + 1)
+
+
+cdef bint _accumulate(const Term* terms, Py_ssize_t n_terms, const Lengths* lengths, double* scores,
+                      Py_ssize_t n_ordinals, Hit* heap, Py_ssize_t* size, Py_ssize_t capacity,
+                      uint32_t* bad_ordinal) noexcept nogil:
+    """Ranks every entry, records in any order: each record's score added into ``scores``, dense
+    by ordinal, term by term in query order (so each sum is added up as the twin adds it), then
+    one pass over every ordinal. False, with ``bad_ordinal``, at an ordinal out of range."""
+    cdef Py_ssize_t term, r, o
+    cdef const unsigned char* p
+    cdef uint32_t ordinal
+    # Locals, not reads through ``terms`` and ``lengths`` per record: a store to ``scores``
+    # could change those, as far as the compiler knows.
+    cdef double idf, k1_plus_1 = lengths.k1 + 1, score, limit = 0
+    for term in range(n_terms):
+        idf = terms[term].idf
+        p = terms[term].records
+        for r in range(terms[term].count):
+            ordinal = _u32(p)
+            if ordinal >= n_ordinals:
+                bad_ordinal[0] = ordinal
+                return False
+            scores[ordinal] += _term_score(idf, _u16(p + 4), _norm(lengths, _u16(p + 6)), k1_plus_1)
+            p += _POSTING_SIZE
+    # Newest first, against the worst kept score once the heap is full (0 until then): one
+    # test, seldom passed, so seldom mispredicted; > also leaves out NaN (from a NaN idf). A
+    # later candidate that only ties the worst kept hit is older and could not evict it.
+    for o in range(n_ordinals - 1, -1, -1):
+        score = scores[o]
+        if score > limit:
+            _offer(heap, size, capacity, score, <uint32_t>o)
+            if size[0] == capacity:
+                limit = heap[0].score
+    return True
+
+
+cdef bint _ascending_in_range(const Term* term, Py_ssize_t n_ordinals) noexcept nogil:
+    """Whether the term's ordinals strictly ascend, as the index stores them (appended as entries
+    are put, each once), below ``n_ordinals``: what lookups need. One read, without a branch."""
+    cdef Py_ssize_t r
+    cdef uint32_t ordinal, previous
+    cdef bint descends = False
+    if term.count == 0:
+        return True
+    previous = _ordinal(term, 0)
+    for r in range(1, term.count):
+        ordinal = _ordinal(term, r)
+        descends |= ordinal <= previous
+        previous = ordinal
+    return not descends and previous < n_ordinals
+
+
+cdef struct Pool:
+    # The entries the rarest terms hold, ascending by ordinal, with what those terms score them.
+    uint32_t* ordinals
+    double* partials
+    Py_ssize_t size
+
+
+cdef void _gather(Pool* pool, Pool* spare, const Term* term, const Lengths* lengths) noexcept nogil:
+    """Adds a term's records to the pool: two ascending runs merged into ``spare``, then the two
+    swapped. Each partial is added up in the order the terms are gathered: an estimate."""
+    cdef Py_ssize_t i = 0, j = 0, k = 0
+    cdef uint32_t ordinal
+    cdef Pool merged
+    while i < pool.size or j < term.count:
+        ordinal = _ordinal(term, j) if j < term.count else 0
+        if j == term.count or (i < pool.size and pool.ordinals[i] < ordinal):
+            spare.ordinals[k] = pool.ordinals[i]
+            spare.partials[k] = pool.partials[i]
+            i += 1
+        else:
+            spare.ordinals[k] = ordinal
+            spare.partials[k] = _record_score(term, j, lengths)
+            if i < pool.size and pool.ordinals[i] == ordinal:
+                spare.partials[k] += pool.partials[i]
+                i += 1
+            j += 1
+        k += 1
+    spare.size = k
+    merged = spare[0]
+    spare[0] = pool[0]
+    pool[0] = merged
+
+
+cdef Py_ssize_t _count_above(const Pool* pool, double score) noexcept nogil:
+    cdef Py_ssize_t i, count = 0
+    for i in range(pool.size):
+        count += pool.partials[i] > score
+    return count
+
+
+cdef double _kth_best(const Pool* pool, Hit* heap, Py_ssize_t capacity) noexcept nogil:
+    """The ``capacity``-th best partial in the pool (which holds at least that many); the heap
+    is scratch."""
+    cdef Py_ssize_t i, size = 0
+    for i in range(pool.size):
+        _offer(heap, &size, capacity, pool.partials[i], pool.ordinals[i])
+    return heap[0].score
+
+
+cdef double _look_up(Term* term, uint32_t ordinal, const Lengths* lengths) noexcept nogil:
+    """The term's score of the entry (0 if it holds no record of it). Entries are looked up newest
+    first, so the cursor only goes down: a gallop from it, then a binary search of the last
+    stride."""
+    cdef Py_ssize_t at = term.cursor, low, middle, stride = 1
+    if at >= 0 and _ordinal(term, at) > ordinal:
+        while True:  # _ordinal(term, at) > ordinal
+            low = at - stride
+            if low < 0:
+                low = -1
+                break
+            if _ordinal(term, low) <= ordinal:
+                break
+            at = low
+            stride *= 2
+        while at - low > 1:  # _ordinal(term, low) <= ordinal < _ordinal(term, at); -1 is below all
+            middle = low + (at - low) // 2
+            if _ordinal(term, middle) <= ordinal:
+                low = middle
+            else:
+                at = middle
+        at = low
+    if at < 0 or _ordinal(term, at) != ordinal:
+        term.cursor = at
+        return 0
+    term.cursor = at - 1
+    return _record_score(term, at, lengths)
+
+
+cdef inline bint _out_of_reach(double most, double floor, const Hit* heap, Py_ssize_t size,
+                               Py_ssize_t capacity) noexcept nogil:
+    # ``most`` (with the margin) is the most a candidate can score. Below ``floor`` it is below
+    # the top's cut; below the worst hit of a full heap it has no room, whatever its ordinal.
+    return most < floor or (size == capacity and most < heap[0].score)
+
+
+cdef int _rarest_first(const void* a, const void* b) noexcept nogil:
+    cdef double x = (<const Term*>a).bound, y = (<const Term*>b).bound
+    return (x < y) - (x > y)
+
+
+cdef bint _gather_rarest(Term* terms, Py_ssize_t n_terms, Py_ssize_t n_ordinals, const double* rest, double margin,
+                        const Lengths* lengths, Pool* pool, Pool* spare, Py_ssize_t gather_limit, Hit* heap,
+                        Py_ssize_t capacity, Py_ssize_t* gathered, double* floor) noexcept nogil:
+    """Gathers the rarest terms into the pool until its ``capacity``-th best partial, ``floor``,
+    outscores the bounds of the terms left (or every term is gathered). False when that takes
+    more than ``gather_limit`` records, or a gathered term's records are not ascending and in
+    range."""
+    while gathered[0] < n_terms:
+        if (pool.size + terms[gathered[0]].count > gather_limit
+                or not _ascending_in_range(&terms[gathered[0]], n_ordinals)):
+            return False
+        _gather(pool, spare, &terms[gathered[0]], lengths)
+        gathered[0] += 1
+        if pool.size >= capacity and _count_above(pool, rest[gathered[0]] + margin) >= capacity:
+            floor[0] = _kth_best(pool, heap, capacity)
+            return True
+    return True
+
+
+cdef void _rank_pool(Term* terms, Py_ssize_t n_terms, Py_ssize_t gathered, const double* rest, double margin,
+                     double floor, const Lengths* lengths, const Pool* pool, double* term_scores, Hit* heap,
+                     Py_ssize_t* size, Py_ssize_t capacity) noexcept nogil:
+    """Ranks the pool's entries that can make the top: the terms not gathered looked up, the
+    largest bound first, while the entry is within reach; then its score added up in query
+    order, as the dense walk adds it (the same double)."""
+    cdef Py_ssize_t i, t
+    cdef uint32_t candidate
+    cdef double estimate, score
+    for t in range(n_terms):
+        terms[t].cursor = terms[t].count - 1
+    for i in range(pool.size - 1, -1, -1):  # newest first, as the lookups need
+        candidate = pool.ordinals[i]
+        estimate = pool.partials[i]
+        t = gathered
+        while t < n_terms and not _out_of_reach(estimate + rest[t] + margin, floor, heap, size[0], capacity):
+            score = _look_up(&terms[t], candidate, lengths)
+            term_scores[terms[t].position] = score
+            estimate += score
+            t += 1
+        if t == n_terms and not _out_of_reach(estimate + margin, floor, heap, size[0], capacity):
+            for t in range(gathered):
+                term_scores[terms[t].position] = _look_up(&terms[t], candidate, lengths)
+            score = 0
+            for t in range(n_terms):
+                score += term_scores[t]
+            # Newest first: a candidate that only ties the worst kept hit is older.
+            if score > 0 and (size[0] < capacity or score > heap[0].score):
+                _offer(heap, size, capacity, score, candidate)
+        memset(term_scores, 0, n_terms * sizeof(double))
+
+
+cdef bint _rank_pruned(const Term* query, Term* terms, Py_ssize_t n_terms, Py_ssize_t n_ordinals, double margin,
+                       const Lengths* lengths, double* rest, double* term_scores, Py_ssize_t gather_limit,
+                       Hit* heap, Py_ssize_t* size, Py_ssize_t capacity) noexcept nogil:
+    """MaxScore, term at a time: ranks into the heap every entry that can make the top without
+    scoring most records of the common terms. False (heap empty) when that would not pay, when
+    a term's records are not ascending and in range, or without memory for the pool: the dense
+    walk then ranks (or raises).
+
+    Terms sorted by bound, the rarest first; ``rest[t]`` adds up the bounds of terms[t:]. The
+    rarest are gathered (``_gather_rarest``) until an entry holding none of them cannot make
+    the top; the pool's entries are then ranked (``_rank_pool``). Every term score is
+    non-negative, so a partial never exceeds the entry's score (give or take the margin).
+    ``terms`` (n_terms), ``rest`` (n_terms + 1) and ``term_scores`` (n_terms, zeros) are scratch."""
+    cdef Py_ssize_t gathered = 0, t, records = 0, slots = gather_limit if gather_limit > 0 else 1
+    cdef double floor = -INFINITY
+    cdef bint ranked
+    cdef Pool pool, spare
+    cdef void* block
+    memcpy(terms, query, n_terms * sizeof(Term))
+    qsort(terms, n_terms, sizeof(Term), _rarest_first)
+    rest[n_terms] = 0
+    for t in range(n_terms - 1, -1, -1):
+        rest[t] = rest[t + 1] + terms[t].bound
+    # Gathering cannot stop before the gathered terms' bounds outscore the others': when the
+    # records up to there are too many, give up before gathering any.
+    for t in range(n_terms):
+        records += terms[t].count
+        if records > gather_limit:
+            return False
+        if rest[0] - rest[t + 1] > rest[t + 1] + margin:
+            break
+    block = malloc(2 * slots * (sizeof(double) + sizeof(uint32_t)))
+    if block == NULL:
+        return False
+    pool.partials = <double*>block
+    spare.partials = pool.partials + slots
+    pool.ordinals = <uint32_t*>(spare.partials + slots)
+    spare.ordinals = pool.ordinals + slots
+    pool.size = spare.size = 0
+    ranked = _gather_rarest(terms, n_terms, n_ordinals, rest, margin, lengths, &pool, &spare, gather_limit, heap,
+                            capacity, &gathered, &floor)
+    for t in range(gathered, n_terms):
+        ranked = ranked and _ascending_in_range(&terms[t], n_ordinals)
+    if ranked:
+        _rank_pool(terms, n_terms, gathered, rest, margin, floor, lengths, &pool, term_scores, heap, size, capacity)
+    free(block)
+    return ranked
+
+
 def bm25_top(postings, idfs, double avgdl, double k1, double b, Py_ssize_t n_ordinals, Py_ssize_t top):
-    """The ``top`` entries by BM25 score, best first. See ``_search_reference.bm25_top``."""
+    """The ``top`` entries by BM25 score, best first. See ``_search_reference.bm25_top``, the
+    specification, and ``_search_reference.bm25_top_pruned``, how this computes it."""
     cdef Py_ssize_t n_terms = len(postings)
     if len(idfs) != n_terms:
         raise ValueError(f"{len(idfs)} idfs for {n_terms} terms")
@@ -137,70 +422,68 @@ def bm25_top(postings, idfs, double avgdl, double k1, double b, Py_ssize_t n_ord
     # Every allocation gets at least one slot: malloc(0) may return NULL.
     cdef Py_ssize_t terms_alloc = n_terms if n_terms > 0 else 1
     cdef Py_ssize_t capacity = top if top < n_ordinals else n_ordinals
+    cdef Py_ssize_t records = 0
     cdef const unsigned char[::1] view
-    cdef const unsigned char** records = <const unsigned char**>malloc(terms_alloc * sizeof(void*))
-    cdef Py_ssize_t* counts = <Py_ssize_t*>malloc(terms_alloc * sizeof(Py_ssize_t))
-    cdef double* term_idfs = <double*>malloc(terms_alloc * sizeof(double))
-    # Dense by ordinal: a random-access add per posting, then one pass in ordinal order.
-    cdef double* scores = <double*>calloc(n_ordinals if n_ordinals > 0 else 1, sizeof(double))
+    cdef Term* terms = <Term*>malloc(terms_alloc * sizeof(Term))
+    cdef Term* by_bound = <Term*>malloc(terms_alloc * sizeof(Term))
+    cdef double* rest = <double*>malloc((n_terms + 1) * sizeof(double))
+    cdef double* term_scores = <double*>calloc(terms_alloc, sizeof(double))
     cdef Hit* heap = <Hit*>malloc((capacity if capacity > 0 else 1) * sizeof(Hit))
-    cdef Py_ssize_t size = 0, r, o
-    cdef const unsigned char* p
-    cdef uint32_t ordinal, bad_ordinal = 0
-    cdef uint16_t tf, dl
-    cdef double idf, score, norm
-    cdef double norms[_NORM_TABLE]
-    cdef bint bad = False
+    cdef double* scores = NULL
+    cdef Lengths lengths
+    cdef Py_ssize_t size = 0
+    cdef uint32_t bad_ordinal = 0
+    cdef uint16_t dl
+    cdef bint pruned, bad, nonnegative = True
+    cdef double magnitude = 0, margin
     try:
-        if records == NULL or counts == NULL or term_idfs == NULL or scores == NULL or heap == NULL:
+        if terms == NULL or by_bound == NULL or rest == NULL or term_scores == NULL or heap == NULL:
             raise MemoryError()
         for term in range(n_terms):
             view = views[term]
-            records[term] = &view[0] if view.shape[0] > 0 else NULL
-            counts[term] = view.shape[0] // _POSTING_SIZE
-            term_idfs[term] = idfs[term]
+            terms[term].records = &view[0] if view.shape[0] > 0 else NULL
+            terms[term].count = view.shape[0] // _POSTING_SIZE
+            terms[term].idf = idfs[term]
+            terms[term].position = term
+            # A term scores at most idf * (k1 + 1), whatever tf and dl: tf / (tf + norm) <= 1.
+            terms[term].bound = terms[term].idf * (k1 + 1)
+            nonnegative &= terms[term].idf >= 0
+            magnitude += fabs(terms[term].idf) * (k1 + 1)
+            records += terms[term].count
+        # Pruning compares sums added up in other orders than an entry's own (bounds, partials,
+        # the top's cut): each may be off by a few units in the last place of the magnitude of
+        # what it adds up. The margin is thousands of times that, with a floor for subnormal
+        # scores; too wide a margin costs a little pruning, never an entry. Not finite (an
+        # infinite or NaN idf or k1), or a negative idf (partials no longer below the scores):
+        # every entry is scored.
+        margin = (n_terms + 8) * (magnitude * ldexp(1, -40) + ldexp(1, -1000))
+        pruned = nonnegative and isfinite(margin) and capacity > 0
         with nogil:
-            # k1 * (1 - b + b * dl / avgdl), the same expression and so the same double as the
-            # twin's, computed once per length: a division per posting saved.
+            lengths.k1, lengths.b, lengths.avgdl = k1, b, avgdl
+            # The same expression as _norm's and the twin's, computed once per short length.
             for dl in range(_NORM_TABLE):
-                norms[dl] = k1 * (1 - b + b * dl / avgdl)
-            # Term by term, each term's records in the order given: every entry's sum is added
-            # up in term order, as the twin adds it, whatever order the records come in.
-            for term in range(n_terms):
-                idf = term_idfs[term]
-                for r in range(counts[term]):
-                    p = records[term] + r * _POSTING_SIZE
-                    ordinal = _u32(p)
-                    if ordinal >= n_ordinals:
-                        bad = True
-                        bad_ordinal = ordinal
-                        break
-                    tf = _u16(p + 4)
-                    if tf == 0:
-                        continue  # not an occurrence; 0 / 0 when k1 == 0
-                    dl = _u16(p + 6)
-                    norm = norms[dl] if dl < _NORM_TABLE else k1 * (1 - b + b * dl / avgdl)
-                    scores[ordinal] += idf * tf * (k1 + 1) / (tf + norm)
-                if bad:
-                    break
-            if not bad:
-                # Newest first: a later candidate that only ties the worst kept hit is older
-                # and cannot evict it, so runs of equal scores cost no heap work.
-                for o in range(n_ordinals - 1, -1, -1):
-                    score = scores[o]
-                    # > 0 also leaves out NaN (from a NaN idf); most candidates fall at the
-                    # second test once the heap is full.
-                    if score > 0 and (size < capacity or score > heap[0].score):
-                        _offer(heap, &size, capacity, score, <uint32_t>o)
-        if bad:
-            raise ValueError(f"ordinal {bad_ordinal} out of range for n_ordinals={n_ordinals}")
+                lengths.table[dl] = k1 * (1 - b + b * dl / avgdl)
+            if pruned:
+                pruned = _rank_pruned(terms, by_bound, n_terms, n_ordinals, margin, &lengths, rest, term_scores,
+                                      (records + n_ordinals) // _GATHER_SHARE, heap, &size, capacity)
+        if not pruned:
+            # Dense by ordinal: a random-access add per record, then one pass in ordinal order.
+            scores = <double*>calloc(n_ordinals if n_ordinals > 0 else 1, sizeof(double))
+            if scores == NULL:
+                raise MemoryError()
+            with nogil:
+                bad = not _accumulate(terms, n_terms, &lengths, scores, n_ordinals, heap, &size, capacity,
+                                      &bad_ordinal)
+            if bad:
+                raise ValueError(f"ordinal {bad_ordinal} out of range for n_ordinals={n_ordinals}")
         return _best_first(heap, size)
     finally:
-        free(records)
-        free(counts)
-        free(term_idfs)
-        free(scores)
+        free(terms)
+        free(by_bound)
+        free(rest)
+        free(term_scores)
         free(heap)
+        free(scores)
 
 
 # -- cosine -----------------------------------------------------------------------------------

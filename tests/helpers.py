@@ -178,7 +178,16 @@ def tool_turn(turn: int) -> list[pb.Event]:
             pb.Event(event_id=f"a{turn}", role="assistant", content=f"Answer {turn}: {say(rng.randrange(5, 30))}.")]
 
 
-# Memory search, recomputed from scratch and read from the index's own databases.
+# Memory search, recomputed from scratch and read from the index's own databases, and the packed
+# postings its ranking reads (tests/fastcore/test_search.py, test_search_pruning.py).
+
+POSTING = struct.Struct("<IHH")  # ordinal, tf, dl
+
+
+def postings(*records: tuple[int, int, int]) -> bytes:
+    """Packed (ordinal, tf, dl) records."""
+    return b"".join(POSTING.pack(*record) for record in records)
+
 
 def bm25_ranking(live: dict[str, tuple[int, str]], query: str) -> list[tuple[str, float]]:
     """Independent BM25: live maps entry id -> (ordinal, content)."""

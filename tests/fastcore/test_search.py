@@ -16,18 +16,12 @@ import threading
 import pytest
 
 from fastcore import _search, _search_reference
-
-POSTING = struct.Struct("<IHH")
+from tests.helpers import POSTING, postings
 
 
 @pytest.fixture(params=[_search, _search_reference], ids=["compiled", "twin"])
 def impl(request):
     return request.param
-
-
-def postings(*records: tuple[int, int, int]) -> bytes:
-    """Packed (ordinal, tf, dl) records."""
-    return b"".join(POSTING.pack(*record) for record in records)
 
 
 def floats(*values: float) -> bytes:
@@ -54,6 +48,7 @@ def test_the_compiled_module_is_compiled() -> None:
     assert _search.__file__.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES))
     assert _search.POSTING_SIZE == _search_reference.POSTING_SIZE == POSTING.size
     assert _search.LANES == _search_reference.LANES
+    assert _search.GATHER_SHARE == _search_reference.GATHER_SHARE
 
 
 # -- BM25, by hand ----------------------------------------------------------------------------
