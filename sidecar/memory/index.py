@@ -41,6 +41,7 @@ MAX_TERM_BYTES = 64
 POSTINGS_PER_CHUNK = 128  # 1 KiB: a term's record with its open chunk stays inline in a leaf page
 POSTINGS_PER_SEGMENT = 8192  # 64 KiB sealed segments: 100k postings are ~13 reads
 BM25_K1, BM25_B = 1.2, 0.75
+FIRST_BATCH = 32  # entries a lexical ranking asks for first (by_relevance)
 RRF_K = 60  # reciprocal rank fusion's usual constant
 
 
@@ -163,8 +164,12 @@ class MemoryIndex:
                      query_vector: bytes | None) -> Iterator[tuple[Doc, float]]:
         """Lexical BM25, fused with cosine similarity when the query has an embedding. Lexical
         alone ranks in batches, deeper only when the walk wants more than a batch held."""
-        # Cosine reads every vector anyway, so a fused ranking ranks everything at once.
-        top = 128 if query_vector is None else meta.next_ordinal
+        # Cosine reads every vector anyway, so a fused ranking ranks everything at once. A lexical
+        # first batch is small: a token budget rarely holds more entries, and the fewer are asked,
+        # the sooner the rare terms decide them and the common terms' postings are skipped
+        # (fastcore's bm25_top: 100k entries, a near-stopword and two rare words, 113 us for 128,
+        # 28 us for 32). A walk that wants more ranks again, four times deeper.
+        top = FIRST_BATCH if query_vector is None else meta.next_ordinal
         seen: set[int] = set()
         while True:
             rankings = [self._bm25(txn, key, meta, query, top)]
