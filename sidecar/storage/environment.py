@@ -225,7 +225,7 @@ class Store:
                             versions = shared.commit(held, changes)
                         committed = changes, versions, result
                     for unit, version in versions.items():
-                        txn.put(unit, version.to_bytes(8, "big"), db=self._versions)
+                        self._hold(txn, unit, version)
                     return result
                 try:
                     return self._write_local(recorded, ceiling)
@@ -238,6 +238,13 @@ class Store:
     def _held(self, txn: Txn, unit: bytes) -> int:
         version = txn.get(unit, db=self._versions)
         return int.from_bytes(version, "big") if version else 0
+
+    def _hold(self, txn: Txn, unit: bytes, version: int) -> None:
+        """Record the version of ``unit`` held here (0: none, the unit does not exist)."""
+        if version:
+            txn.put(unit, version.to_bytes(8, "big"), db=self._versions)
+        else:
+            txn.delete(unit, db=self._versions)
 
     def current(self, units: list[bytes]) -> None:
         """Make the local copies of these units current: one query for their versions, and a load
@@ -263,6 +270,8 @@ class Store:
             held = self._held(txn, unit)
         with phase("shared load"):
             version, rows = self.shared.load(unit, since=held)
+        if version == held and not rows:
+            return  # another call brought it up to date meanwhile: no write, no commit to sync
         if version < held:
             with phase("shared load"):
                 version, rows = self.shared.load(unit)
@@ -273,10 +282,7 @@ class Store:
             if not held:
                 sweep(txn, handles, prefix_of(unit))
             apply(txn, self.db, {unit: rows})
-            if version:
-                txn.put(unit, version.to_bytes(8, "big"), db=self._versions)
-            else:
-                txn.delete(unit, db=self._versions)
+            self._hold(txn, unit, version)
         self._write_local(bring_up_to_date, ceiling)
 
     def _ceiling(self, frees_space: bool) -> int:
