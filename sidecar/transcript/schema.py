@@ -384,6 +384,11 @@ def window_at(txn: Txn, db: dict, key: bytes, iteration: int, shared: bool = Fal
     return _shared_window(stored) if shared else WindowRecord.parse(stored)
 
 
+def window_bytes(txn: Txn, db: dict, key: bytes, iteration: int) -> bytes | None:
+    """The window record persisted for ``iteration``, as stored; None when it was never assembled."""
+    return _get(txn, db["windows"], numbered_key(key, iteration))
+
+
 def previous_window(txn: Txn, db: dict, key: bytes, iteration: int) -> WindowRecord | None:
     """The newest window persisted for an iteration before ``iteration`` (so re-assembling an
     old iteration, or a replay fork's, finds the same one); None when there is none."""

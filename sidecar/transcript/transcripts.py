@@ -36,6 +36,7 @@ from sidecar.transcript.log import (
     count_events,
     prepare_events,
 )
+from sidecar.transcript.reassembly import Reassemblies
 from sidecar.transcript.runs import (
     Deps,
     Run,
@@ -97,7 +98,13 @@ class Transcripts:
         self._deps = Deps(self._db, counters, defaults)
         self._redactor = redactor or Redactor()
         self.contexts = contexts or RunContexts(store, counters, defaults, self._redactor)
-        self._turns = TurnServices(store, self._deps, self.contexts, self._clearing, self._render, HistoryCache())
+        # Another sidecar sharing the store could delete a summary's artifact unseen: no answer is
+        # kept then (see reassembly).
+        self._reassemblies: Reassemblies[AssembledContext] | None = (
+            Reassemblies(max_bytes=defaults.reassembly_cache) if defaults.reassembly_cache and not store.shared
+            else None)
+        self._turns = TurnServices(store, self._deps, self.contexts, self._clearing, self._render, HistoryCache(),
+                                   self._reassemblies)
 
     def _sanitised(self, tenant: str, run_id: str, events: list[NewEvent], field: str) -> list[NewEvent]:
         """Before an event is counted or stored: SR-1 (its content is redacted; a tool call's
@@ -296,6 +303,8 @@ class Transcripts:
         key = run_key(tenant, run_id)
         check_id("artifact_id", artifact_id)
         self._store.write(lambda txn: forks.delete_artifact(txn, self._db, key, run_id, artifact_id), frees_space=True)
+        if self._reassemblies is not None:  # it may be a summary's, which a kept answer feeds
+            self._reassemblies.forget(key)
 
     # -- agent state and compaction records ----------------------------------------------------
 

@@ -14,7 +14,7 @@ from it too when the log changed nothing the window is made of.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sidecar.context_window import sections
 from sidecar.context_window.policy import HistoryEvent, SummariseInput, SummariseResult, TriggerInput
@@ -30,8 +30,17 @@ from sidecar.storage.keys import Txn
 from sidecar.telemetry import metrics, tracing
 from sidecar.transcript import clearing, forks
 from sidecar.transcript.log import AppendResult, LogWriter, NewEvent
+from sidecar.transcript.reassembly import Kept, Reassemblies
 from sidecar.transcript.runs import SIDECAR_ID_PREFIX, Deps, Run, default_settings, load_run, require_run, save_run
-from sidecar.transcript.schema import Compaction, WindowRecord, previous_window, put_window, read_records, window_at
+from sidecar.transcript.schema import (
+    Compaction,
+    WindowRecord,
+    previous_window,
+    put_window,
+    read_records,
+    window_at,
+    window_bytes,
+)
 from sidecar.transcript.summaries import (
     Candidates,
     Summary,
@@ -58,6 +67,9 @@ class AssembledContext:
     task_id: str
     rendered: str  # the provider request body, when one was asked for
     cache: CacheReport  # what of it repeats the previous assembly's request
+    # The answer's wire encoding, once made: a kept answer (``reassembly``) is then sent again as
+    # the same bytes, not encoded again. A one-slot box that the wire fills; never compared.
+    encoded: list[bytes] = field(default_factory=list, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +83,7 @@ class TurnServices:
     clearing: ClearingSettings
     render: RenderSettings
     history: HistoryCache
+    reassemblies: Reassemblies[AssembledContext] | None  # None with a shared store (see reassembly)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,22 +108,35 @@ class Turn:
 
     def as_persisted(self) -> AssembledContext | None:
         """The answer from the window persisted for the iteration, read only, when assembling it
-        again would feed the same; None when it must be chosen (again)."""
+        again would feed the same; None when it must be chosen (again). A settled iteration's
+        answer is kept, and given again while it stays valid (``reassembly``)."""
+        kept_answers = self._services.reassemblies
         with self._services.store.read() as txn:
             run = require_run(txn, self._db, self.key, self.run_id)
             layout = self._services.contexts.layout(txn, self.key, run, self.run_id)
-            record = window_at(txn, self._db, self.key, self.iteration)
-            if record is None:
+            stored = window_bytes(txn, self._db, self.key, self.iteration)
+            if stored is None:
                 return None
             tighter = _tighter(self.max_transcript_tokens, layout)
+            budget = effective_budget(self._deps, run, tighter)
+            memo_key = (self.key, self.iteration, self.max_transcript_tokens, self.render)
+            kept = kept_answers.get(memo_key, stored, run.incarnation, layout) if kept_answers else None
             # An iteration before the last one assembled was fed as persisted, whatever came
             # later: clearings and kept clips rewrite counts, so planning it again could differ.
-            settled = self.iteration < run.last_assembled and \
-                record.budget == effective_budget(self._deps, run, tighter)
+            if kept is not None and self.iteration < run.last_assembled and kept.budget == budget:
+                return self._given(kept.answer)
+            record = WindowRecord.parse(stored)
+            settled = self.iteration < run.last_assembled and record.budget == budget
             if not settled and not _unchanged(plan(self._deps, txn, self.key, run, self.iteration, tighter)[0],
                                               record, run):
                 return None
-            return self._answer(self._as_fed(txn, run, layout, record))
+            answer = self._answer(self._as_fed(txn, run, layout, record))
+        cache = record.cache
+        if kept_answers is not None and settled and cache is not None and cache["form"] == self.render:
+            kept_answers.keep(memo_key, Kept(stored, run.incarnation, layout, record.budget, answer,
+                                             len(stored) + 2 * sum(map(len, answer.window.records))
+                                             + len(answer.rendered)))
+        return answer
 
     def assemble(self, events: Sequence[NewEvent], append: Callable[[LogWriter], list[AppendResult]],
                  deadline: Deadline) -> tuple[AssembledContext, list[AppendResult]]:
@@ -287,15 +313,18 @@ class Turn:
     # -- the answer ---------------------------------------------------------------------------
 
     def _answer(self, fed: Fed) -> AssembledContext:
-        window = fed.window
-        tracing.set_attributes(iteration=self.iteration, tokens=window.token_count, entries=len(window.event_ids),
-                               budget=window.token_budget)
         rendered = ""
         if self.render:
             with tracing.phase("render"):
                 rendered = sections.render(self.render, fed.layout, fed.history, fed.cache,
                                            self._services.render.openai_prompt_cache_retention)
-        assembled = _assembled(fed, self.render, rendered)
+        return self._given(_assembled(fed, self.render, rendered))
+
+    def _given(self, assembled: AssembledContext) -> AssembledContext:
+        """``assembled``, counted as fed (built now, or kept from an earlier re-assembly)."""
+        window = assembled.window
+        tracing.set_attributes(iteration=self.iteration, tokens=window.token_count, entries=len(window.event_ids),
+                               budget=window.token_budget)
         metrics.turn_fed(window.token_count, window.token_budget, assembled.window_tokens,
                          assembled.cache.stable_prefix_tokens, assembled.cache.break_reason)
         return assembled

@@ -72,7 +72,16 @@ def memory_entry(record: bytes) -> Encoded:
 
 def assembled(assembly: AssembledContext, appended: list[AppendResult]) -> Encoded:
     """The serialized AssembleContextResponse: its scalar fields, then the entries spliced in
-    (unless a rendering carries them)."""
+    (unless a rendering carries them). A re-assembly's (nothing appended) is kept with the
+    answer, so an answer kept to be given again (``transcript.reassembly``) is encoded once."""
+    if appended:
+        return _assembled(assembly, appended)
+    if not assembly.encoded:
+        assembly.encoded.append(_assembled(assembly, appended))
+    return Encoded(assembly.encoded[0])
+
+
+def _assembled(assembly: AssembledContext, appended: list[AppendResult]) -> Encoded:
     window = assembly.window
     entries = window.records if not assembly.rendered else []
     if window.clips and entries:

@@ -1,0 +1,83 @@
+"""Settled re-assemblies, kept to be answered again without being built again.
+
+An iteration before the run's last assembled one is fed as persisted, whatever came later
+(``turn.Turn.as_persisted``). Its answer is then a function of: its window record; records that
+never change once written under the run's incarnation (an event at its seq, its id, a fed form
+under its (seq, made_at), a summary's artifact while it exists); the run's layout; and the
+request's render and max_transcript_tokens. So an answer built once is given again while the
+window record's bytes, the incarnation and the layout are the same, the iteration is still settled
+under the same budget, and the answer's cache state is the one persisted with the window (a
+state computed for another render form is measured against the previous window, which a later
+assembly may replace).
+
+The one write that makes the same record feed otherwise is deleting a summary's artifact
+(DeleteArtifact): it forgets the run's answers. With a shared store, another sidecar may delete
+one unseen, so there nothing is kept (``Reassemblies`` is then not given to the turns).
+
+A host re-assembles an iteration when it retries a call, or when another reader (a UI, an
+evaluator) asks what was fed: the same answer, byte for byte, for a read and a dict lookup.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+Answer = TypeVar("Answer")
+
+# The most answers kept (their bytes are bounded by [context] reassembly_cache). Re-assemblies
+# come soon after the assembly they repeat, so the newest few hundred cover them; the oldest go
+# first.
+MAX_ENTRIES = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Kept(Generic[Answer]):
+    stored: bytes  # the window record's bytes
+    incarnation: str
+    layout: object
+    budget: int
+    answer: Answer
+    size: int
+
+
+class Reassemblies(Generic[Answer]):
+    """Answers by (run key, iteration, max_transcript_tokens, render), with what makes them valid."""
+
+    def __init__(self, max_bytes: int, max_entries: int = MAX_ENTRIES) -> None:
+        self._entries: OrderedDict[tuple, Kept[Answer]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self._max_entries, self._max_bytes = max_entries, max_bytes
+
+    def get(self, key: tuple, stored: bytes, incarnation: str, layout: object) -> Kept[Answer] | None:
+        """The answer kept for ``key`` if it was built from this record, incarnation and layout."""
+        with self._lock:
+            kept = self._entries.get(key)
+            if kept is None:
+                return None
+            self._entries.move_to_end(key)
+        if kept.stored != stored or kept.incarnation != incarnation or kept.layout != layout:
+            return None
+        return kept
+
+    def keep(self, key: tuple, kept: Kept[Answer]) -> None:
+        if kept.size > self._max_bytes:
+            return
+        with self._lock:
+            replaced = self._entries.pop(key, None)
+            if replaced is not None:
+                self._bytes -= replaced.size
+            self._entries[key] = kept
+            self._bytes += kept.size
+            while len(self._entries) > self._max_entries or self._bytes > self._max_bytes:
+                _, oldest = self._entries.popitem(last=False)
+                self._bytes -= oldest.size
+
+    def forget(self, run_key: bytes) -> None:
+        """Drop every answer of the run under ``run_key`` (the first part of each key)."""
+        with self._lock:
+            for key in [key for key in self._entries if key[0] == run_key]:
+                self._bytes -= self._entries.pop(key).size
