@@ -85,8 +85,12 @@ def decode_id_index(data: bytes) -> tuple[bytes, int | None]:
     return data[:4], (int.from_bytes(data[4:8], "big") if len(data) == 8 else None)
 
 
+# Made once: json.dumps with options makes an encoder on every call, and records are dumped on every write.
+_RECORD_JSON = json.JSONEncoder(separators=(",", ":"), sort_keys=True)
+
+
 def dump_json(value: dict) -> bytes:
-    return json.dumps(value, separators=(",", ":"), sort_keys=True).encode("utf-8")
+    return _RECORD_JSON.encode(value).encode("utf-8")
 
 
 def load_json(data: bytes) -> dict:

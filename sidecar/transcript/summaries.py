@@ -25,6 +25,7 @@ import struct
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import lru_cache
 from itertools import islice
 
 import fastcore
@@ -103,9 +104,17 @@ class Summary:
 
     @classmethod
     def parse(cls, data: bytes) -> Summary:
-        if data[:1] == b"{":
-            return cls.from_dict(load_json(data))
-        return cls.from_dict(load_json(data[_HEAD.size + data[_HEAD.size - 1]:]))
+        return _parsed(data)
+
+
+@lru_cache(maxsize=256)
+def _parsed(data: bytes) -> Summary:
+    """A summary record parsed, by its bytes: a Summary is immutable and a pure function of them,
+    and the summary in force is parsed by every turn and every RecordSummary of its run (its JSON
+    is most of such a call's decoding)."""
+    if data[:1] == b"{":
+        return Summary.from_dict(load_json(data))
+    return Summary.from_dict(load_json(data[_HEAD.size + data[_HEAD.size - 1]:]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,12 +252,14 @@ def _unavailable(ref: str) -> SummaryUnavailable:
                               metadata={"summary_ref": ref})
 
 
+_PAYLOAD_JSON = json.JSONEncoder(separators=(",", ":"))  # made once: json.dumps with options makes one a call
+
+
 def summarized_payload(summary: Summary, token_counter: str) -> str:
     """The ``context.summarized`` payload, exactly RFC 0111's fields, in its order."""
-    return json.dumps({"iteration": summary.iteration, "replacedTurns": list(summary.replaced_turns),
+    return _PAYLOAD_JSON.encode({"iteration": summary.iteration, "replacedTurns": list(summary.replaced_turns),
                        "summaryRef": summary.ref, "tokenCounter": token_counter,
-                       "tokensBefore": summary.tokens_before, "tokensAfter": summary.tokens_after},
-                      separators=(",", ":"))
+                                "tokensBefore": summary.tokens_before, "tokensAfter": summary.tokens_after})
 
 
 def write_summary(writer: LogWriter, summary: Summary, text: str, role: str, token_counter: str,
@@ -289,6 +300,10 @@ class SummaryRequest:
     text: str
     strategy: str  # "" means the run's
     host_token_count: int | None = None
+
+    def with_text(self, text: str) -> SummaryRequest:
+        # Written out, not dataclasses.replace, which inspects the fields on every call.
+        return SummaryRequest(self.iteration, self.replaced_ids, text, self.strategy, self.host_token_count)
 
 
 def protected_from(deps: Deps, txn: Txn, key: bytes, run: Run, iteration: int,

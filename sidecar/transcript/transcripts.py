@@ -10,7 +10,7 @@ records in ``schema``.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from sidecar.context_window import sections
@@ -274,7 +274,7 @@ class Transcripts:
         """Record the host's summary of the oldest unsummarised turns; see ``summaries``.
         Returns (summary, its context.summarized entry, whether this call recorded it)."""
         key = run_key(tenant, run_id)
-        request = replace(request, text=self._redactor.redact(tenant, run_id, request.text).text)
+        request = request.with_text(self._redactor.redact(tenant, run_id, request.text).text)
 
         def write(txn: Txn) -> tuple[Summary, StoredEvent, bool]:
             writer = LogWriter(txn, self._db, key, require_run(txn, self._db, key, run_id))
