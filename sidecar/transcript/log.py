@@ -194,6 +194,8 @@ def count_texts(counters: Counters, counter_name: str, texts: Sequence[str],
 
 
 def count_events(counters: Counters, counter_name: str, events: Sequence[NewEvent], field: str) -> list[int]:
+    if counter_name != "host-defined":  # the host's counts, and the fields naming them, are not needed
+        return count_texts(counters, counter_name, [e.content for e in events], (), ())
     return count_texts(counters, counter_name, [e.content for e in events], [e.host_token_count for e in events],
                        [f"{field}[{i}].host_token_count" for i in range(len(events))])
 
