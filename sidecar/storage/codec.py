@@ -44,9 +44,15 @@ class StoredEvent:
 
 
 def encode_event(event: StoredEvent) -> bytes:
-    return EventRecord(event_id=event.event_id, seq=event.seq, iteration=event.iteration, role=event.role,
-                       type=event.type, call_id=event.call_id, content=event.content,
-                       tokens=event.tokens, tool_name=event.tool_name).SerializeToString()
+    return encode_record(event.event_id, event.seq, event.iteration, event.role, event.type, event.call_id,
+                         event.content, event.tokens, event.tool_name)
+
+
+def encode_record(event_id: str, seq: int, iteration: int, role: str, type: str, call_id: str, content: str,
+                  tokens: int, tool_name: str) -> bytes:
+    """A StoredEvent's record from its fields (an append's events are not made StoredEvents first)."""
+    return EventRecord(event_id=event_id, seq=seq, iteration=iteration, role=role, type=type, call_id=call_id,
+                       content=content, tokens=tokens, tool_name=tool_name).SerializeToString()
 
 
 def decode_event(data: bytes) -> StoredEvent:

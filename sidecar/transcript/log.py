@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import fastcore
 from sidecar.errors import Conflict, ValidationError
 from sidecar.settings import ROLES, ContextSettings
-from sidecar.storage.codec import StoredEvent, encode_event, encode_id_index, pack_count
+from sidecar.storage.codec import StoredEvent, encode_event, encode_id_index, encode_record, pack_count
 from sidecar.storage.keys import Txn
 from sidecar.text.counting import Counters
 from sidecar.transcript.runs import SIDECAR_ID_PREFIX, Run, save_run
@@ -44,9 +44,9 @@ MAX_TYPE_BYTES = 64
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
-@dataclass(frozen=True, slots=True)
-class NewEvent:
-    """An event as the host sends it; ``iteration`` 0 means "the turn being assembled"."""
+class NewEvent(NamedTuple):
+    """An event as the host sends it; ``iteration`` 0 means "the turn being assembled".
+    A named tuple, not a frozen dataclass: made per event of every append, it costs a quarter."""
 
     event_id: str
     iteration: int
@@ -58,23 +58,16 @@ class NewEvent:
     tool_name: str = ""  # on a tool call: the tool; the content is then its arguments (a JSON object)
     untrusted: bool = False  # fed inside the untrusted-data block (as every role "tool" event is)
 
-    # The event with some fields changed. Written out, not dataclasses.replace: that costs some
-    # 6 µs an event (it inspects the fields each time), and every appended event takes two.
     def with_content(self, content: str) -> NewEvent:
-        if content is self.content:
-            return self
-        return NewEvent(self.event_id, self.iteration, self.role, self.type, content, self.call_id,
-                        self.host_token_count, self.tool_name, self.untrusted)
+        return self if content is self.content else self._replace(content=content)
 
     def with_defaults(self, type: str, iteration: int) -> NewEvent:
         if type == self.type and iteration == self.iteration:
             return self
-        return NewEvent(self.event_id, iteration, self.role, type, self.content, self.call_id,
-                        self.host_token_count, self.tool_name, self.untrusted)
+        return self._replace(type=type, iteration=iteration)
 
 
-@dataclass(frozen=True, slots=True)
-class AppendResult:
+class AppendResult(NamedTuple):
     event_id: str
     seq: int
     tokens: int
@@ -91,23 +84,29 @@ class LogWriter:
         self._ids: dict[int, list[str]] = {}
 
     def append(self, entry: StoredEvent, group_first: int, host_token_count: int | None = None) -> None:
-        """Write ``entry`` (its seq must be the run's next) with its count record. Its writes are
-        written out here rather than in ``schema``: they run once per event, on the turn's hot path."""
+        """Write ``entry`` (its seq must be the run's next) with its count record."""
+        self.append_record(entry.seq, entry.event_id, entry.iteration, entry.tokens, encode_event(entry), group_first,
+                           host_token_count)
+
+    def append_record(self, seq: int, event_id: str, iteration: int, tokens: int, record: bytes, group_first: int,
+                      host_token_count: int | None) -> None:
+        """Write an entry's ``record`` (an encoded StoredEvent; ``seq`` must be the run's next) with its
+        count record. Its writes are written out here rather than in ``schema``: they run once per
+        event, on the turn's hot path."""
         txn, db, key, run = self.txn, self.db, self.key, self.run
-        seq = entry.seq
-        assert seq == run.next_seq and entry.iteration >= run.last_iteration
-        if entry.iteration > run.last_iteration:
-            txn.put(numbered_key(key, entry.iteration), seq.to_bytes(4, "big"), db=db["iterations"])
-        txn.put(numbered_key(key, seq), encode_event(entry), db=db["events"])
-        txn.put(name_key(key, entry.event_id), encode_id_index(seq, host_token_count), db=db["event_ids"])
+        assert seq == run.next_seq and iteration >= run.last_iteration
+        if iteration > run.last_iteration:
+            txn.put(numbered_key(key, iteration), seq.to_bytes(4, "big"), db=db["iterations"])
+        txn.put(numbered_key(key, seq), record, db=db["events"])
+        txn.put(name_key(key, event_id), encode_id_index(seq, host_token_count), db=db["event_ids"])
         chunk = self._chunk(seq)
-        self._counts[chunk] += pack_count(entry.tokens, entry.iteration, group_first)
-        self._ids[chunk].append(entry.event_id)
+        self._counts[chunk] += pack_count(tokens, iteration, group_first)
+        self._ids[chunk].append(event_id)
         if group_first == fastcore.NOT_A_UNIT:
             txn.put(numbered_key(key, seq), run.log_entries.to_bytes(4, "big"), db=db["log_entries"])
             run.log_entries += 1
         run.next_seq = seq + 1
-        run.last_iteration = entry.iteration
+        run.last_iteration = iteration
 
     def recount(self, seq: int, tokens: int) -> None:
         """Make entry ``seq`` weigh ``tokens`` in every window chosen from now on: the count of the
@@ -134,41 +133,50 @@ class LogWriter:
 def prepare_events(events: Sequence[NewEvent], field: str, defaults: ContextSettings,
                    turn: int | None = None) -> list[NewEvent]:
     """Fill in defaults (type ``message``; iteration ``turn`` when 0 and a turn is given) and
-    validate every field, naming the first bad one."""
+    validate every field, naming the first bad one (``field[i].role``)."""
     prepared = [event.with_defaults(event.type or "message", event.iteration or (turn or 0)) for event in events]
     limit = defaults.max_event_bytes
     for i, event in enumerate(prepared):
-        at = f"{field}[{i}]"
-        check_id(f"{at}.event_id", event.event_id)
-        if event.event_id.startswith(SIDECAR_ID_PREFIX):
-            raise ValidationError.field(f"{at}.event_id", f"ids starting with {SIDECAR_ID_PREFIX!r} are the sidecar's")
-        check_at_least(f"{at}.iteration", event.iteration, 1)
-        if turn is not None and event.iteration > turn:
-            raise ValidationError.field(
-                f"{at}.iteration", f"is {event.iteration}, after the iteration being assembled ({turn})")
-        if event.role not in ROLES:
-            raise ValidationError.field(f"{at}.role", f"must be one of {', '.join(ROLES)}")
-        check_id(f"{at}.type", event.type, max_bytes=MAX_TYPE_BYTES)
-        check_text_bytes(f"{at}.content", event.content, limit, "[context] max_event_bytes")
-        check_id(f"{at}.call_id", event.call_id, required=False)
-        if event.tool_name:
-            check_tool_call(event, at)
-        if event.host_token_count is not None and not 0 <= event.host_token_count <= MAX_COUNT:
-            raise ValidationError.field(f"{at}.host_token_count", f"must be between 0 and {MAX_COUNT}")
+        try:
+            check_event(event, limit, turn)
+        except ValidationError as error:
+            # The event's place is put in the name only now: nearly every event is good, and
+            # making its field names up front cost more than checking them.
+            bad = error.violations[0]
+            raise ValidationError.field(f"{field}[{i}].{bad.field}", bad.description) from None
     return prepared
 
 
-def check_tool_call(event: NewEvent, at: str) -> None:
+def check_event(event: NewEvent, max_event_bytes: int, turn: int | None) -> None:
+    """Raise naming the first bad field of ``event`` (``role``, ``content``, ...)."""
+    check_id("event_id", event.event_id)
+    if event.event_id.startswith(SIDECAR_ID_PREFIX):
+        raise ValidationError.field("event_id", f"ids starting with {SIDECAR_ID_PREFIX!r} are the sidecar's")
+    check_at_least("iteration", event.iteration, 1)
+    if turn is not None and event.iteration > turn:
+        raise ValidationError.field("iteration", f"is {event.iteration}, after the iteration being assembled ({turn})")
+    if event.role not in ROLES:
+        raise ValidationError.field("role", f"must be one of {', '.join(ROLES)}")
+    check_id("type", event.type, max_bytes=MAX_TYPE_BYTES)
+    check_text_bytes("content", event.content, max_event_bytes, "[context] max_event_bytes")
+    check_id("call_id", event.call_id, required=False)
+    if event.tool_name:
+        check_tool_call(event)
+    if event.host_token_count is not None and not 0 <= event.host_token_count <= MAX_COUNT:
+        raise ValidationError.field("host_token_count", f"must be between 0 and {MAX_COUNT}")
+
+
+def check_tool_call(event: NewEvent) -> None:
     """A tool call names its tool as providers accept it, and carries its arguments as a JSON
     object, so that every rendering can make the provider's own tool-call item from it."""
     if not TOOL_NAME.fullmatch(event.tool_name):
-        raise ValidationError.field(f"{at}.tool_name", "must be 1-64 of A-Z a-z 0-9 _ - (as providers name tools)")
+        raise ValidationError.field("tool_name", "must be 1-64 of A-Z a-z 0-9 _ - (as providers name tools)")
     if event.role != "assistant" or not event.call_id:
-        raise ValidationError.field(f"{at}.tool_name", "is only for tool calls: role 'assistant' with a call_id")
-    if not isinstance(json_field(f"{at}.content", event.content), dict):
-        raise ValidationError.field(f"{at}.content", "a tool call's content is its arguments: a JSON object")
+        raise ValidationError.field("tool_name", "is only for tool calls: role 'assistant' with a call_id")
+    if not isinstance(json_field("content", event.content), dict):
+        raise ValidationError.field("content", "a tool call's content is its arguments: a JSON object")
     if event.untrusted:  # fenced, its arguments would be text, not the JSON object a rendering sends
-        raise ValidationError.field(f"{at}.untrusted", "a tool call's arguments are sent as JSON, so they cannot be "
+        raise ValidationError.field("untrusted", "a tool call's arguments are sent as JSON, so they cannot be "
                                     "fenced as untrusted data; mark its result untrusted instead")
 
 
@@ -186,6 +194,8 @@ def count_texts(counters: Counters, counter_name: str, texts: Sequence[str],
 
 
 def count_events(counters: Counters, counter_name: str, events: Sequence[NewEvent], field: str) -> list[int]:
+    if counter_name != "host-defined":  # the host's counts, and the fields naming them, are not needed
+        return count_texts(counters, counter_name, [e.content for e in events], (), ())
     return count_texts(counters, counter_name, [e.content for e in events], [e.host_token_count for e in events],
                        [f"{field}[{i}].host_token_count" for i in range(len(events))])
 
@@ -193,40 +203,41 @@ def count_events(counters: Counters, counter_name: str, events: Sequence[NewEven
 def append_host_events(writer: LogWriter, events: Sequence[NewEvent], counts: Sequence[int], field: str,
                        before_each: Callable[[LogWriter, NewEvent], None] | None = None) -> list[AppendResult]:
     """Append the host's events: a retried one (same id, same fields) is a no-op, a changed one
-    a conflict, an iteration going backwards invalid. The caller commits or aborts all of it."""
+    a conflict, an iteration going backwards invalid. The caller commits or aborts all of it.
+    Runs per event under the write lock: field names are made only to raise."""
     txn, db, key, run = writer.txn, writer.db, writer.key, writer.run
     results: list[AppendResult] = []
     in_batch: dict[str, tuple[NewEvent, AppendResult]] = {}
     for i, (event, tokens) in enumerate(zip(events, counts)):
-        at = f"{field}[{i}]"
-        earlier = in_batch.get(event.event_id)
+        event_id = event.event_id
+        earlier = in_batch.get(event_id)
         if earlier is not None:
             if earlier[0] != event:
-                raise Conflict.field(f"{at}.event_id", "appears twice in this call with different fields")
-            results.append(replace(earlier[1], already_recorded=True))
+                raise Conflict.field(f"{field}[{i}].event_id", "appears twice in this call with different fields")
+            results.append(earlier[1]._replace(already_recorded=True))
             continue
-        indexed = indexed_event(txn, db, key, event.event_id)
+        indexed = indexed_event(txn, db, key, event_id)
         if indexed is not None:
             stored = read_event(txn, db, key, indexed[0])
-            host_count = indexed[1]
-            if not _same_event(stored, host_count, event):
-                raise Conflict.field(f"{at}.event_id", "is already recorded with different fields")
+            if not _same_event(stored, indexed[1], event):
+                raise Conflict.field(f"{field}[{i}].event_id", "is already recorded with different fields")
             results.append(AppendResult(stored.event_id, stored.seq, stored.tokens, True))
             continue
         if before_each is not None:
             before_each(writer, event)
         if event.iteration < run.last_iteration:
             raise ValidationError.field(
-                f"{at}.iteration", f"is {event.iteration}, but the run is already at iteration "
+                f"{field}[{i}].iteration", f"is {event.iteration}, but the run is already at iteration "
                 f"{run.last_iteration}; iterations never decrease")
         seq = run.next_seq
         if seq >= MAX_EVENTS_PER_RUN:
-            raise ValidationError.field(at, f"the run already holds {seq} events, the most one run can")
+            raise ValidationError.field(f"{field}[{i}]", f"the run already holds {seq} events, the most one run can")
         group_first = call_group(txn, db, key, event.call_id, seq) if event.call_id else seq
-        writer.append(StoredEvent(seq, event.event_id, event.iteration, event.role, event.type, event.content,
-                                  event.call_id, tokens, event.tool_name), group_first, event.host_token_count)
-        result = AppendResult(event.event_id, seq, tokens, False)
-        in_batch[event.event_id] = (event, result)
+        writer.append_record(seq, event_id, event.iteration, tokens, encode_record(
+            event_id, seq, event.iteration, event.role, event.type, event.call_id, event.content, tokens,
+            event.tool_name), group_first, event.host_token_count)
+        result = AppendResult(event_id, seq, tokens, False)
+        in_batch[event_id] = (event, result)
         results.append(result)
     return results
 

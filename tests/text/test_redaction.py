@@ -54,6 +54,18 @@ def test_bearer_headers_keep_the_header_and_detectors_can_be_off() -> None:
     assert Redactor(detectors=False).redact("t", "", text).text == text
 
 
+@pytest.mark.parametrize("bearer", ["Bearer", "BEARER", "bearer", "bEaReR"])
+def test_bearer_headers_are_found_in_any_letter_case(bearer: str) -> None:
+    text = f"authorization={bearer} abc.def-123456789"  # nothing else in the text calls for a redaction pass
+    assert Redactor().redact("t", "", text).text == f"authorization={bearer} [REDACTED:bearer_token]"
+
+
+@pytest.mark.parametrize(("leaked", "canonical"), [("<REDACTED:stripe>", "[REDACTED:stripe]"),
+                                                   ("[BYOK:abc123]", "[REDACTED:byok]")])
+def test_a_leaked_form_alone_is_made_canonical(leaked: str, canonical: str) -> None:
+    assert Redactor(detectors=False).redact("t", "", f"a {leaked} b").text == f"a {canonical} b"
+
+
 def test_leaked_forms_become_canonical() -> None:
     redacted = Redactor().redact("t", "", "a <REDACTED:stripe> b [BYOK:sk_live_123abc] c [REDACTED:kept]")
     assert redacted.text == "a [REDACTED:stripe] b [REDACTED:byok] c [REDACTED:kept]"

@@ -101,6 +101,7 @@ def test_bad_events_name_the_field_and_write_nothing(make_transcripts, bad: NewE
     with pytest.raises(ValidationError) as raised:
         transcripts.append_events(TENANT, "run", [event("ok", 1), bad])
     assert raised.value.violations[0].field == field
+    assert raised.value.message.startswith(f"{field}: ")  # the message a person reads names it too
     with pytest.raises(NotFound):
         log_of(transcripts, "run")
 
