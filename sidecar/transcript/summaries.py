@@ -258,8 +258,8 @@ _PAYLOAD_JSON = json.JSONEncoder(separators=(",", ":"))  # made once: json.dumps
 def summarized_payload(summary: Summary, token_counter: str) -> str:
     """The ``context.summarized`` payload, exactly RFC 0111's fields, in its order."""
     return _PAYLOAD_JSON.encode({"iteration": summary.iteration, "replacedTurns": list(summary.replaced_turns),
-                       "summaryRef": summary.ref, "tokenCounter": token_counter,
-                                "tokensBefore": summary.tokens_before, "tokensAfter": summary.tokens_after})
+                                 "summaryRef": summary.ref, "tokenCounter": token_counter,
+                                 "tokensBefore": summary.tokens_before, "tokensAfter": summary.tokens_after})
 
 
 def write_summary(writer: LogWriter, summary: Summary, text: str, role: str, token_counter: str,
