@@ -12,9 +12,13 @@ call below once, so the drift of a shared machine hits figures and floors alike,
 afresh each round (seeded): a rotating order keeps each call's predecessor, and that moved a bare
 RPC's p50 by up to 16% here. Each row, a figure / its floor:
 
-- re-assembly 32k: AssembleContext re-assembling a persisted iteration of the run (read path; at
-  10k events a 93 KiB answer under the default cache_stable window) / the floor server answering
-  that same message, serialized once;
+- re-assembly 32k: AssembleContext re-assembling a persisted, settled iteration of the run (read
+  path; at 10k events a 93 KiB answer under the default cache_stable window; its answer is kept
+  and given again, ``sidecar/transcript/reassembly.py``) / the floor server answering that same
+  message, serialized once;
+- a retried turn: AssembleContext of the newest iteration (the turn's), no events: planned again
+  to check nothing was appended, and built (a newest iteration's answer is never kept) / the same
+  floor as the row above (an answer of the same size);
 - re-assembly 8k through ``sidecar.client``, as a Python host calls / the same answer from the
   floor server, also through ``sidecar.client``;
 - a turn: AssembleContext appending one ~190-token event for a new iteration (count, one durable
@@ -153,9 +157,20 @@ def load_sidecar(channel: grpc.Channel, client: Client, events: int, rounds: int
     recency = pb.ListMemoryRequest(memory_ref=memory.REF, token_budget=memory.BUDGET)
     relevance = pb.ListMemoryRequest(memory_ref=memory.REF, token_budget=memory.BUDGET, rank="relevance",
                                      query=memory.QUERY)
+    newest = [whole.iteration]
+
+    def turn() -> Any:
+        answer = run["turn"]()
+        newest[0] = answer.iteration
+        return answer
+
+    def retry() -> Any:  # the newest iteration again, as a host retrying its turn asks: planned again, built
+        return stub.AssembleContext(pb.AssembleContextRequest(run_id=compare_trees.RUN, iteration=newest[0],
+                                                              max_transcript_tokens=compare_trees.BUDGET))
+
     calls = {"bare": lambda: health.Check(health_pb2.HealthCheckRequest()), "client bare": client.check_health,
              "assemble 32k": run["assemble"], "client assemble 8k": lambda: client.assemble_context(**small),
-             "turn": run["turn"], "stacked assemble": lambda: stub.AssembleContext(pinned),
+             "turn": turn, "retry": retry, "stacked assemble": lambda: stub.AssembleContext(pinned),
              "stacked turn": stacked["turn"], "record": stacked["record"],
              "append": lambda: stub.AppendEvents(next(appends)),
              "relevance": lambda: stub.ListMemory(relevance), "recency": lambda: stub.ListMemory(recency)}
@@ -227,6 +242,8 @@ def rows_of(sidecar: Sidecar, written: dict[str, int], events: int, entries: int
     return [
         Row(f"AssembleContext re-assembly, 32k, {events:,} events ({details['assemble 32k']})",
             "the same answer, pre-built", "assemble 32k", "floor assemble 32k"),
+        Row("AssembleContext of the newest iteration again (a retried turn: planned again and built, not kept)",
+            "a 32k re-assembly's answer, pre-built", "retry", "floor assemble 32k"),
         Row(f"AssembleContext re-assembly, 8k ({details['client assemble 8k']}), Python client",
             "the same answer, pre-built, Python client", "client assemble 8k", "floor client assemble 8k",
             bare="client bare"),
