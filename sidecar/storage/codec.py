@@ -20,6 +20,8 @@ import json
 import struct
 from dataclasses import dataclass
 
+import orjson
+
 import fastcore
 from sidecar.pb.contextsidecar.storage.v1.memory_pb2 import MemoryRecord
 from sidecar.pb.contextsidecar.storage.v1.records_pb2 import EventRecord
@@ -101,3 +103,26 @@ def dump_json(value: dict) -> bytes:
 
 def load_json(data: bytes) -> dict:
     return json.loads(data)
+
+
+# The records a turn reads and writes (runs, windows, fed forms, summaries, compaction records)
+# hold strings, integers within 64 bits and fractions, and go through orjson, ~8x json's speed
+# to write and 2-4x to read. orjson writes such a value exactly as json does while it is ASCII;
+# json escapes other text, so that output goes through json and a record's bytes stay what they
+# always were. (A float orjson writes with an exponent, "1e-7" for json's "1e-07", reads back the
+# same; these records hold none.) Other records, and any JSON a host sent, stay with json: orjson
+# reads an integer beyond 64 bits as a float.
+
+def dump_plain_json(value: dict) -> bytes:
+    try:
+        data = orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    except TypeError:  # an integer beyond 64 bits, a lone surrogate
+        return dump_json(value)
+    return data if data.isascii() else dump_json(value)
+
+
+def load_plain_json(data: bytes) -> dict:
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:  # what json writes and orjson refuses: NaN, a lone surrogate's escape
+        return json.loads(data)

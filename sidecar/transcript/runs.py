@@ -12,7 +12,7 @@ from typing import Any
 
 from sidecar.errors import Conflict, FieldViolation, NotFound, ValidationError
 from sidecar.settings import STRATEGIES, ContextSettings
-from sidecar.storage.codec import dump_json, load_json
+from sidecar.storage.codec import dump_plain_json, load_plain_json
 from sidecar.storage.keys import Txn
 from sidecar.text.counting import Counters
 from sidecar.transcript.schema import put_run_record, run_record
@@ -87,11 +87,11 @@ class Run:
         if self.fed_prefix is not None:
             value["fed_prefix"] = self.fed_prefix
         value["incarnation"] = self.incarnation
-        return dump_json(value)
+        return dump_plain_json(value)
 
     @classmethod
     def parse(cls, data: bytes) -> Run:
-        value = load_json(data)
+        value = load_plain_json(data)
         origin = value.get("origin")
         return cls(RunSettings(**value["settings"]), value["next_seq"], value["last_iteration"],
                    value.get("last_assembled", 0), value.get("summaries", 0), value.get("replay_pending", 0),

@@ -37,7 +37,14 @@ from itertools import islice
 from typing import TYPE_CHECKING, cast
 
 import fastcore
-from sidecar.storage.codec import ID_SEPARATOR, StoredEvent, decode_event, decode_id_index, dump_json, load_json
+from sidecar.storage.codec import (
+    ID_SEPARATOR,
+    StoredEvent,
+    decode_event,
+    decode_id_index,
+    dump_plain_json,
+    load_plain_json,
+)
 from sidecar.storage.keys import Db, Txn, be32, records_under, scope
 from sidecar.validation import check_id, page_within_bytes
 
@@ -341,11 +348,11 @@ class WindowRecord:
             value["context"] = self.context
         if self.window_tokens is not None:
             value["window_tokens"] = self.window_tokens
-        return dump_json(value)  # tuples are JSON arrays, as the lists they are read back as
+        return dump_plain_json(value)  # tuples are JSON arrays, as the lists they are read back as
 
     @classmethod
     def parse(cls, data: bytes) -> WindowRecord:
-        value = load_json(data)
+        value = load_plain_json(data)
         # Records persisted before the reason existed hold only its first three fields.
         compaction = value.get("compaction")
         return cls(
@@ -474,7 +481,7 @@ class CompactionRecord:
     summarised_by: str  # "host", "plugin", "built-in" or "replay"
 
     def encode(self) -> bytes:
-        return dump_json({
+        return dump_plain_json({
             "index": self.index, "task_id": self.task_id, "iteration": self.iteration,
             "recorded_ms": self.recorded_ms, "seq": self.seq, "kind": self.kind, "removed": self.removed_event_ids,
             "summary_ref": self.summary_ref, "tokens_before": self.tokens_before, "tokens_after": self.tokens_after,
@@ -489,7 +496,7 @@ class CompactionRecord:
 
     @classmethod
     def parse(cls, data: bytes) -> CompactionRecord:
-        return cls.from_json(load_json(data))
+        return cls.from_json(load_plain_json(data))
 
 
 def put_compaction_record(txn: Txn, db: dict, key: bytes, record: CompactionRecord) -> None:
@@ -500,7 +507,7 @@ def compaction_records(txn: Txn, db: dict, key: bytes, from_index: int, limit: i
     """The run's compaction records from ``from_index``: at most ``limit``, and no more than a
     page's bytes (measured as JSON, longer than the answer's protobuf: a record lists ids)."""
     found = records_under(txn, db["compaction_records"], key, be32(from_index))
-    values = [load_json(value) for _, value in islice(found, limit)]
+    values = [load_plain_json(value) for _, value in islice(found, limit)]
     values, _ = page_within_bytes(values, lambda value: len(json.dumps(value)))
     return [CompactionRecord.from_json(value) for value in values]
 
@@ -539,7 +546,7 @@ def _parse_form(key: bytes, stored_key: bytes, value: bytes) -> FedForm:
 
 
 def _form_of(suffix: bytes, value: bytes) -> FedForm:
-    fields = load_json(value)
+    fields = load_plain_json(value)
     return FedForm(int.from_bytes(suffix[:4], "big"), int.from_bytes(suffix[4:8], "big"), fields["kind"],
                    fields["text"], fields["tokens"], fields["original_tokens"])
 
@@ -579,11 +586,11 @@ def forms_below(txn: Txn, db: dict, key: bytes, end: int) -> Iterator[tuple[FedF
 
 def made_in(value: bytes) -> int:
     """The iteration of the assembly that made a stored form."""
-    return load_json(value)["iteration"]
+    return load_plain_json(value)["iteration"]
 
 
 def put_form(txn: Txn, db: dict, key: bytes, form: FedForm, iteration: int) -> None:
-    txn.put(form_key(key, form.seq, form.made_at), dump_json({
+    txn.put(form_key(key, form.seq, form.made_at), dump_plain_json({
         "kind": form.kind, "text": form.text, "tokens": form.tokens, "original_tokens": form.original_tokens,
         "iteration": iteration}), db=db["fed_forms"])
 

@@ -32,7 +32,7 @@ import fastcore
 from sidecar.context_window.profiles import stored_task
 from sidecar.errors import Conflict, FieldViolation, SummaryUnavailable, ValidationError
 from sidecar.settings import STRATEGIES
-from sidecar.storage.codec import StoredEvent, decode_event, dump_json, encode_event, load_json
+from sidecar.storage.codec import StoredEvent, decode_event, dump_plain_json, encode_event, load_plain_json
 from sidecar.storage.keys import Txn
 from sidecar.telemetry import metrics
 from sidecar.text.fencing import is_fenced
@@ -86,7 +86,7 @@ class Summary:
     def record(self) -> bytes:
         ref = self.ref.encode("utf-8")
         head = _HEAD.pack(_LAYOUT, self.below, self.depth, self.tokens_after, len(ref))
-        return head + ref + dump_json(self.as_dict())
+        return head + ref + dump_plain_json(self.as_dict())
 
     def as_dict(self) -> dict:
         # Not dataclasses.asdict: it deep-copies every field, which costs more than the rest of a turn.
@@ -113,8 +113,8 @@ def _parsed(data: bytes) -> Summary:
     and the summary in force is parsed by every turn and every RecordSummary of its run (its JSON
     is most of such a call's decoding)."""
     if data[:1] == b"{":
-        return Summary.from_dict(load_json(data))
-    return Summary.from_dict(load_json(data[_HEAD.size + data[_HEAD.size - 1]:]))
+        return Summary.from_dict(load_plain_json(data))
+    return Summary.from_dict(load_plain_json(data[_HEAD.size + data[_HEAD.size - 1]:]))
 
 
 @dataclass(frozen=True, slots=True)
