@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import json
 import struct
+import sys
+from array import array
 
 import fastcore
 from sidecar.settings import ClearingSettings
@@ -60,6 +62,7 @@ from sidecar.transcript.summaries import append_compaction, in_force
 
 CLEARED_TYPE = "context.cleared"
 _COUNT = struct.Struct("<III")
+assert array("I").itemsize == 4, "the count records' fields are 32-bit"
 
 
 # A tool's own output is always fed fenced (sidecar.text.fencing), so no fed result but a
@@ -130,15 +133,19 @@ def _clear(deps: Deps, settings: ClearingSettings, writer: LogWriter, iteration:
         # What would be fed if the window's start stayed where it was last fed: only results
         # there cost anything, so only they are worth clearing.
         start = max(start, last.start)
-    counts = read_counts(txn, db, key, start, end)
-    records = list(_COUNT.iter_unpack(counts))
-    fed = sum(tokens for tokens, _, group_first in records if group_first != fastcore.NOT_A_UNIT)
+    # Every turn asks, and most turns stop at the trigger: the count records' columns as arrays
+    # (tokens, group_first), so that the sum and the scans run in C.
+    columns = _columns(read_counts(txn, db, key, start, end))
+    weights, groups = columns[0::3], columns[2::3]
+    fed = sum(weights)
+    if fastcore.NOT_A_UNIT in groups:  # the sidecar's own entries weigh nothing
+        fed -= sum(weighs for weighs, group_first in zip(weights, groups) if group_first == fastcore.NOT_A_UNIT)
     trigger = settings.trigger_fraction * budget
     if fed <= trigger:
         return False
     # Tool results answering a call before them: their group starts at the call.
-    answered = [start + i for i, (_, _, group_first) in enumerate(records)
-                if group_first != fastcore.NOT_A_UNIT and group_first < start + i]
+    answered = [seq for seq, group_first in enumerate(groups, start)
+                if group_first < seq and group_first != fastcore.NOT_A_UNIT]
     if not answered:
         return False
     # Only tool results are ever cleared, so a result already cleared needs no decoding to be
@@ -163,12 +170,12 @@ def _clear(deps: Deps, settings: ClearingSettings, writer: LogWriter, iteration:
     for event in clearable:
         if event is None or event.iteration >= iteration:
             continue
-        call = read_event(txn, db, key, records[event.seq - start][2])
+        call = read_event(txn, db, key, groups[event.seq - start])
         if call.tool_name in settings.exclude_tools:
             continue
         text = placeholder(call.tool_name, event.call_id, event.tokens)
         tokens = counter.count(text)
-        weighs = records[event.seq - start][0]  # as fed now: a clipped result at its clipped size
+        weighs = weights[event.seq - start]  # as fed now: a clipped result at its clipped size
         if tokens >= weighs:
             continue
         freed += weighs - tokens
@@ -182,6 +189,14 @@ def _clear(deps: Deps, settings: ClearingSettings, writer: LogWriter, iteration:
         return False
     _record(writer, CLEARED_TYPE, "cleared", iteration, changes)
     return True
+
+
+def _columns(counts: bytes) -> array:
+    """Packed count records (``_COUNT``: little-endian uint32s) as one array of their fields."""
+    columns = array("I", counts)
+    if sys.byteorder == "big":
+        columns.byteswap()
+    return columns
 
 
 def _put_form(writer: LogWriter, event: StoredEvent, kind: str, text: str, tokens: int, iteration: int) -> None:

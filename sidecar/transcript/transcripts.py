@@ -67,7 +67,7 @@ from sidecar.transcript.summaries import (
     record_summary,
 )
 from sidecar.transcript.turn import AssembledContext, Turn, TurnServices
-from sidecar.transcript.window import TranscriptWindow, from_record
+from sidecar.transcript.window import ReadBack, TranscriptWindow, from_record
 from sidecar.validation import check_at_least, check_id, page_size, page_within_bytes
 
 __all__ = ["AppendResult", "AssembledContext", "CompactionRecord", "NewEvent", "RunSettings", "Section", "Summary",
@@ -104,7 +104,7 @@ class Transcripts:
             Reassemblies(max_bytes=defaults.reassembly_cache) if defaults.reassembly_cache and not store.shared
             else None)
         self._turns = TurnServices(store, self._deps, self.contexts, self._clearing, self._render, HistoryCache(),
-                                   self._reassemblies)
+                                   ReadBack(), self._reassemblies)
 
     def _sanitised(self, tenant: str, run_id: str, events: list[NewEvent], field: str) -> list[NewEvent]:
         """Before an event is counted or stored: SR-1 (its content is redacted; a tool call's

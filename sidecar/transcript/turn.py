@@ -50,7 +50,15 @@ from sidecar.transcript.summaries import (
     record_summary,
     tokens_of,
 )
-from sidecar.transcript.window import Plan, TranscriptWindow, effective_budget, from_record, plan, window_record
+from sidecar.transcript.window import (
+    Plan,
+    ReadBack,
+    TranscriptWindow,
+    effective_budget,
+    from_record,
+    plan,
+    window_record,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +91,7 @@ class TurnServices:
     clearing: ClearingSettings
     render: RenderSettings
     history: HistoryCache
+    reads: ReadBack  # the entries each run's window was last read back with
     reassemblies: Reassemblies[AssembledContext] | None  # None with a shared store (see reassembly)
 
 
@@ -215,7 +224,8 @@ class Turn:
                    "changed": list(changed), "fixed_tokens": layout.fixed_tokens, "limit": layout.turn_limit,
                    "task_id": layout.task_id}
         record = window_record(self._deps, txn, self.key, run, chosen, top, due, context)
-        window = from_record(self._deps, txn, self.key, self.run_id, self.iteration, record)
+        window = from_record(self._deps, txn, self.key, self.run_id, self.iteration, record,
+                             reads=(self._services.reads, run.incarnation))
         history = self._services.history.items(window, (self.key, run.incarnation))
         # What the next turn compares with is persisted with the window, in its context (the
         # record's and the window's): each part's key, not its text. The record is
@@ -231,7 +241,8 @@ class Turn:
 
     def _as_fed(self, txn: Txn, run: Run, layout: Layout, record: WindowRecord) -> Fed:
         """The window persisted for the iteration, fed again as it was."""
-        window = from_record(self._deps, txn, self.key, self.run_id, self.iteration, record)
+        window = from_record(self._deps, txn, self.key, self.run_id, self.iteration, record,
+                             reads=(self._services.reads, run.incarnation))
         history = self._services.history.items(window, (self.key, run.incarnation))
         return Fed(layout, window, history, self._cache_of(txn, layout, window, history))
 

@@ -8,7 +8,9 @@ for every event below their floor. What was fed is persisted per iteration, so t
 
 from __future__ import annotations
 
+import threading
 from bisect import bisect_left
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from itertools import chain
 
@@ -320,19 +322,60 @@ def window_record(deps: Deps, txn: Txn, key: bytes, run: Run, chosen: Plan, top:
     return record
 
 
+class ReadBack:
+    """The entries a run's window was last read back with (records and ids, sidecar entries
+    included), so that the next read of a window starting at the same seq reads only what lies
+    past them. A cache-stable window keeps its start for many turns and grows by a turn's events,
+    and an entry never changes under its run's incarnation. Bounded by the bytes of the records
+    it holds; the runs read longest ago go first."""
+
+    def __init__(self, max_bytes: int = 32 << 20) -> None:
+        # run key -> (incarnation, start, records, ids, their bytes)
+        self._runs: OrderedDict[bytes, tuple[str, int, list[bytes], list[str], int]] = OrderedDict()
+        self._bytes = 0
+        self._max_bytes = max_bytes
+        self._lock = threading.Lock()
+
+    def read(self, txn: Txn, db: dict, key: bytes, incarnation: str, start: int,
+             end: int) -> tuple[list[bytes], list[str]]:
+        """The records and ids of entries ``[start, end)``."""
+        with self._lock:
+            last = self._runs.get(key)
+        if last is None or last[0] != incarnation or last[1] != start:
+            records, ids = read_records(txn, db, key, start, end), read_ids(txn, db, key, start, end)
+            size = sum(map(len, records))
+        else:
+            _, _, records, ids, size = last
+            held = start + len(records)
+            if end <= held:
+                return records[:end - start], ids[:end - start]
+            more = read_records(txn, db, key, held, end)
+            records, ids, size = records + more, ids + read_ids(txn, db, key, held, end), size + sum(map(len, more))
+        with self._lock:
+            replaced = self._runs.pop(key, None)
+            self._bytes += size - (replaced[4] if replaced else 0)
+            self._runs[key] = (incarnation, start, records, ids, size)
+            while self._bytes > self._max_bytes and self._runs:
+                self._bytes -= self._runs.popitem(last=False)[1][4]
+        return records, ids
+
+
 def from_record(deps: Deps, txn: Txn, key: bytes, run_id: str, iteration: int, record: WindowRecord,
-                with_ranges: bool = False) -> TranscriptWindow:
-    """The window persisted for ``iteration``, read back as it was fed."""
+                with_ranges: bool = False, reads: tuple[ReadBack, str] | None = None) -> TranscriptWindow:
+    """The window persisted for ``iteration``, read back as it was fed. ``reads``: the entries
+    last read back for the run, and its incarnation."""
     with phase("read"):
-        return _from_record(deps, txn, key, run_id, iteration, record, with_ranges)
+        return _from_record(deps, txn, key, run_id, iteration, record, with_ranges, reads)
 
 
 def _from_record(deps: Deps, txn: Txn, key: bytes, run_id: str, iteration: int, record: WindowRecord,
-                 with_ranges: bool) -> TranscriptWindow:
+                 with_ranges: bool, reads: tuple[ReadBack, str] | None) -> TranscriptWindow:
     db = deps.db
     start, end = record.start, record.end
-    records = read_records(txn, db, key, start, end)
-    ids = read_ids(txn, db, key, start, end)
+    if reads is None:
+        records, ids = read_records(txn, db, key, start, end), read_ids(txn, db, key, start, end)
+    else:
+        records, ids = reads[0].read(txn, db, key, reads[1], start, end)
     # The sidecar's own entries in the window (a few log entries) are cut out between slices, and
     # an event's position is its seq less the entries before it: no pass in Python per entry.
     # Only the gaps that hold events are sliced: a summary's log entries often lie side by side.

@@ -1,6 +1,7 @@
 """Re-assembling a settled iteration: an answer kept and given again is the answer a sidecar that
 keeps none gives (restarted on the same folder with --reassembly-cache 0), byte for byte,
-whatever was written in between; and what can make the same window feed otherwise is seen at once."""
+whatever was written in between; and what can make the same window feed otherwise is seen at once.
+And a window's entries kept from one read back to the next are the run's own."""
 
 from __future__ import annotations
 
@@ -151,3 +152,25 @@ def test_an_iteration_assembled_again_with_events_and_the_one_after_it_are_answe
     assert before[:3] == before[3:]
     assert after == afresh
     assert after[0] != before[0] and after[2] != before[2]  # the new window, and the report against it
+
+
+def test_a_run_deleted_and_opened_again_feeds_its_own_events_from_the_same_start(start_server):
+    """A window's entries read back for one turn are kept for the next (only the new ones are
+    read); a run deleted and opened again under the same id starts at the same seq with other
+    events, which are what it is fed."""
+    sidecar = start_server(token_counter="chars", transcript_token_budget=100000)
+
+    def play(texts: str) -> pb.AssembleContextResponse:
+        sidecar.stub.OpenRun(pb.OpenRunRequest(run_id="run"))
+        for turn in (1, 2, 3):
+            answer = sidecar.stub.AssembleContext(pb.AssembleContextRequest(run_id="run", iteration=turn, append_events=[
+                pb.Event(event_id=f"e{turn}", role="user", content=f"{texts} {turn}")]))
+        return answer
+
+    first = play("first life, turn")
+    sidecar.stub.DeleteRun(pb.DeleteRunRequest(run_id="run"))
+    second = play("other life, turn")
+    assert [entry.text for entry in first.entries] == [f"first life, turn {t}" for t in (1, 2, 3)]
+    assert [entry.text for entry in second.entries] == [f"other life, turn {t}" for t in (1, 2, 3)]
+    assert [entry.text for entry in sidecar.stub.AssembleContext(
+        pb.AssembleContextRequest(run_id="run", iteration=2)).entries] == [f"other life, turn {t}" for t in (1, 2)]
