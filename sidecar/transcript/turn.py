@@ -31,11 +31,20 @@ from sidecar.telemetry import metrics, tracing
 from sidecar.transcript import clearing, forks
 from sidecar.transcript.log import AppendResult, LogWriter, NewEvent
 from sidecar.transcript.reassembly import Kept, Reassemblies
-from sidecar.transcript.runs import SIDECAR_ID_PREFIX, Deps, Run, default_settings, load_run, require_run, save_run
+from sidecar.transcript.runs import (
+    SIDECAR_ID_PREFIX,
+    Deps,
+    Run,
+    default_settings,
+    load_run,
+    require_run_record,
+    save_run,
+)
 from sidecar.transcript.schema import (
     Compaction,
     WindowRecord,
     previous_window,
+    previous_window_bytes,
     put_window,
     read_records,
     window_at,
@@ -117,34 +126,41 @@ class Turn:
 
     def as_persisted(self) -> AssembledContext | None:
         """The answer from the window persisted for the iteration, read only, when assembling it
-        again would feed the same; None when it must be chosen (again). A settled iteration's
-        answer is kept, and given again while it stays valid (``reassembly``)."""
+        again would feed the same; None when it must be chosen (again). The answer is kept, and
+        given again while it stays valid (``reassembly``)."""
         kept_answers = self._services.reassemblies
         with self._services.store.read() as txn:
-            run = require_run(txn, self._db, self.key, self.run_id)
+            run, run_stored = require_run_record(txn, self._db, self.key, self.run_id)
             layout = self._services.contexts.layout(txn, self.key, run, self.run_id)
             stored = window_bytes(txn, self._db, self.key, self.iteration)
             if stored is None:
                 return None
             tighter = _tighter(self.max_transcript_tokens, layout)
             budget = effective_budget(self._deps, run, tighter)
-            memo_key = (self.key, self.iteration, self.max_transcript_tokens, self.render)
-            kept = kept_answers.get(memo_key, stored, run.incarnation, layout) if kept_answers else None
             # An iteration before the last one assembled was fed as persisted, whatever came
             # later: clearings and kept clips rewrite counts, so planning it again could differ.
-            if kept is not None and self.iteration < run.last_assembled and kept.budget == budget:
+            # The newest is planned again unless nothing its plan reads changed: the run's record
+            # (the log's end, its summaries, its settings) and the window before it.
+            settled = self.iteration < run.last_assembled
+            before = None if settled else previous_window_bytes(txn, self._db, self.key, self.iteration)
+            memo_key = (self.key, self.iteration, self.max_transcript_tokens, self.render)
+            kept = kept_answers.get(memo_key, stored, run.incarnation, layout) if kept_answers else None
+            if kept is not None and kept.budget == budget and \
+                    (settled or (kept.run == run_stored and kept.before == before)):
                 return self._given(kept.answer)
             record = WindowRecord.parse(stored)
-            settled = self.iteration < run.last_assembled and record.budget == budget
+            if record.budget != budget:
+                settled = False
             if not settled and not _unchanged(plan(self._deps, txn, self.key, run, self.iteration, tighter)[0],
                                               record, run):
                 return None
             answer = self._answer(self._as_fed(txn, run, layout, record))
         cache = record.cache
-        if kept_answers is not None and settled and cache is not None and cache["form"] == self.render:
+        if kept_answers is not None and cache is not None and cache["form"] == self.render and \
+                record.budget == budget:
             kept_answers.keep(memo_key, Kept(stored, run.incarnation, layout, record.budget, answer,
                                              len(stored) + 2 * sum(map(len, answer.window.records))
-                                             + len(answer.rendered)))
+                                             + len(answer.rendered), None if settled else run_stored, before))
         return answer
 
     def assemble(self, events: Sequence[NewEvent], append: Callable[[LogWriter], list[AppendResult]],

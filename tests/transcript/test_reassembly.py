@@ -163,8 +163,9 @@ def test_a_run_deleted_and_opened_again_feeds_its_own_events_from_the_same_start
     def play(texts: str) -> pb.AssembleContextResponse:
         sidecar.stub.OpenRun(pb.OpenRunRequest(run_id="run"))
         for turn in (1, 2, 3):
-            answer = sidecar.stub.AssembleContext(pb.AssembleContextRequest(run_id="run", iteration=turn, append_events=[
-                pb.Event(event_id=f"e{turn}", role="user", content=f"{texts} {turn}")]))
+            event = pb.Event(event_id=f"e{turn}", role="user", content=f"{texts} {turn}")
+            answer = sidecar.stub.AssembleContext(pb.AssembleContextRequest(run_id="run", iteration=turn,
+                                                                            append_events=[event]))
         return answer
 
     first = play("first life, turn")
@@ -174,3 +175,37 @@ def test_a_run_deleted_and_opened_again_feeds_its_own_events_from_the_same_start
     assert [entry.text for entry in second.entries] == [f"other life, turn {t}" for t in (1, 2, 3)]
     assert [entry.text for entry in sidecar.stub.AssembleContext(
         pb.AssembleContextRequest(run_id="run", iteration=2)).entries] == [f"other life, turn {t}" for t in (1, 2)]
+
+
+@pytest.mark.parametrize("change", ["events appended", "the window before it chosen again"])
+def test_the_newest_iteration_again_after_what_its_plan_reads_changed(tmp_path: Path, change: str):
+    """The newest iteration's answer is kept too, while nothing its window is chosen from changed:
+    events appended to it (AppendEvents, no assembly), or the window before it chosen again (under
+    a tighter cap), which a cache-stable window starts from."""
+    sidecar = Sidecar(tmp_path, *FLAGS)
+    newest = pb.AssembleContextRequest(run_id="run", iteration=5)
+    try:
+        open_full(sidecar.stub, "run")
+        for turn in (1, 2, 3):
+            sidecar.stub.AssembleContext(pb.AssembleContextRequest(run_id="run", iteration=turn,
+                                                                   append_events=tool_turn(turn)))
+        sidecar.stub.AssembleContext(pb.AssembleContextRequest(run_id="run", iteration=4))
+        sidecar.stub.AssembleContext(newest)
+        before = [as_sent(sidecar.channel, newest) for _ in range(2)]
+        if change == "events appended":
+            sidecar.stub.AppendEvents(pb.AppendEventsRequest(run_id="run", events=[
+                pb.Event(event_id="late", iteration=5, role="user", content="And one more question.")]))
+        else:
+            sidecar.stub.AssembleContext(pb.AssembleContextRequest(run_id="run", iteration=4,
+                                                                   max_transcript_tokens=3000))
+        after = as_sent(sidecar.channel, newest)
+    finally:
+        sidecar.stop()
+    restarted = Sidecar(tmp_path, *KEEPING_NONE)
+    try:
+        afresh = as_sent(restarted.channel, newest)
+    finally:
+        restarted.stop()
+    assert before[0] == before[1]
+    assert after == afresh
+    assert after != before[0]
