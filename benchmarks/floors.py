@@ -16,9 +16,10 @@ RPC's p50 by up to 16% here. Each row, a figure / its floor:
   path; at 10k events a 93 KiB answer under the default cache_stable window; its answer is kept
   and given again, ``sidecar/transcript/reassembly.py``) / the floor server answering that same
   message, serialized once;
-- a retried turn: AssembleContext of the newest iteration (the turn's), no events: planned again
-  to check nothing was appended, and built (a newest iteration's answer is never kept) / the same
-  floor as the row above (an answer of the same size);
+- a retried turn: AssembleContext of the newest iteration (the turn's), no events, once after
+  each turn: planned again to check nothing was appended, and built (an answer is kept only from
+  there on, and each round's turn changes the run) / the same floor as the row above (an answer
+  of the same size);
 - re-assembly 8k through ``sidecar.client``, as a Python host calls / the same answer from the
   floor server, also through ``sidecar.client``;
 - a turn: AssembleContext appending one ~190-token event for a new iteration (count, one durable
@@ -164,7 +165,7 @@ def load_sidecar(channel: grpc.Channel, client: Client, events: int, rounds: int
         newest[0] = answer.iteration
         return answer
 
-    def retry() -> Any:  # the newest iteration again, as a host retrying its turn asks: planned again, built
+    def retry() -> Any:  # the newest iteration again, the first time since its turn: planned again, built
         return stub.AssembleContext(pb.AssembleContextRequest(run_id=compare_trees.RUN, iteration=newest[0],
                                                               max_transcript_tokens=compare_trees.BUDGET))
 
@@ -242,7 +243,7 @@ def rows_of(sidecar: Sidecar, written: dict[str, int], events: int, entries: int
     return [
         Row(f"AssembleContext re-assembly, 32k, {events:,} events ({details['assemble 32k']})",
             "the same answer, pre-built", "assemble 32k", "floor assemble 32k"),
-        Row("AssembleContext of the newest iteration again (a retried turn: planned again and built, not kept)",
+        Row("AssembleContext of the newest iteration again, first since its turn (planned again, built)",
             "a 32k re-assembly's answer, pre-built", "retry", "floor assemble 32k"),
         Row(f"AssembleContext re-assembly, 8k ({details['client assemble 8k']}), Python client",
             "the same answer, pre-built, Python client", "client assemble 8k", "floor client assemble 8k",
