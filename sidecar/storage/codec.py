@@ -107,9 +107,9 @@ def load_json(data: bytes) -> dict:
 
 # The records a turn reads and writes (runs, windows, fed forms, summaries, compaction records)
 # hold strings, integers within 64 bits and fractions, and go through orjson, ~8x json's speed
-# to write and 2-4x to read. orjson writes such a value exactly as json does while it is ASCII;
-# json escapes other text, so that output goes through json and a record's bytes stay what they
-# always were. (A float orjson writes with an exponent, "1e-7" for json's "1e-07", reads back the
+# to write and 2-4x to read. orjson writes such a value exactly as json does while it is ASCII
+# and holds no DEL; json escapes both, so such output goes through json and a record's bytes
+# stay what they always were. (A float orjson writes with an exponent, "1e-7" for json's "1e-07", reads back the
 # same; these records hold none.) Other records, and any JSON a host sent, stay with json: orjson
 # reads an integer beyond 64 bits as a float.
 
@@ -118,7 +118,7 @@ def dump_plain_json(value: dict) -> bytes:
         data = orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
     except TypeError:  # an integer beyond 64 bits, a lone surrogate
         return dump_json(value)
-    return data if data.isascii() else dump_json(value)
+    return data if data.isascii() and b"\x7f" not in data else dump_json(value)
 
 
 def load_plain_json(data: bytes) -> dict:

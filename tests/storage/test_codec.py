@@ -14,6 +14,7 @@ RECORDS = [
     {"plan": ("o200k_base", 32000, 0, 119, -1, -1, 0), "skip": [3, 9], "fed": [[12, 40]], "context": None},
     {"trim_to_fraction": 0.6, "compaction_fraction": 0.75, "small": 0.0001, "large": 1234567890123456.0},
     {"text": "naïve café, 東京, emoji 🙂", "ascii": "plain"},  # json escapes non-ASCII: the record keeps it so
+    {"controls": "tab\t, newline\n, bell\x07, DEL\x7f, quote\", backslash\\"},  # and DEL, which is ASCII
     {"big": 2**70, "negative": -(2**63) - 1},  # beyond orjson's 64-bit integers
     {"lone": "\ud800 half a pair"},  # a lone surrogate, which orjson refuses
     {"nested": {"b": 1, "a": [True, False, None, ""]}, "z": {}, "limits": [2**63 - 1, -(2**63)]},
