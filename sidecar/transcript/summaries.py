@@ -35,7 +35,7 @@ from sidecar.context_window.profiles import ProfileCache
 from sidecar.context_window.schema import task_id as stored_task_id
 from sidecar.errors import Conflict, FieldViolation, SummaryUnavailable, ValidationError
 from sidecar.settings import STRATEGIES
-from sidecar.storage.codec import StoredEvent, decode_event, dump_plain_json, encode_event, load_plain_json
+from sidecar.storage.codec import StoredEvent, decode_event, dump_plain_json, encode_record, load_plain_json
 from sidecar.storage.keys import Txn
 from sidecar.telemetry import metrics
 from sidecar.text.fencing import is_fenced
@@ -277,9 +277,8 @@ def write_summary(writer: LogWriter, summary: Summary, text: str, role: str, tok
     """Persist the summary, its artifact, its ``context.summarized`` log entry and its
     compaction record (one txn): every entry has exactly one record."""
     txn, db, key = writer.txn, writer.db, writer.key
-    entry_of_artifact = StoredEvent(summary.seq, summary.ref, summary.iteration, role, SUMMARY_TYPE, text, "",
-                                    summary.tokens_after)
-    put_artifact(txn, db, key, summary.ref, encode_event(entry_of_artifact))
+    put_artifact(txn, db, key, summary.ref, encode_record(summary.ref, summary.seq, summary.iteration, role,
+                                                          SUMMARY_TYPE, "", text, summary.tokens_after, ""))
     put_summary_record(txn, db, key, summary.index, summary.record())
     entry = StoredEvent(summary.seq, f"{SIDECAR_ID_PREFIX}{SUMMARIZED_TYPE}:{summary.index}", summary.iteration,
                         "system", SUMMARIZED_TYPE, summarized_payload(summary, token_counter), "", 0)
