@@ -28,11 +28,14 @@ from dataclasses import dataclass
 from functools import lru_cache
 from itertools import islice
 
+import orjson
+
 import fastcore
-from sidecar.context_window.profiles import stored_task
+from sidecar.context_window.profiles import ProfileCache
+from sidecar.context_window.schema import task_id as stored_task_id
 from sidecar.errors import Conflict, FieldViolation, SummaryUnavailable, ValidationError
 from sidecar.settings import STRATEGIES
-from sidecar.storage.codec import StoredEvent, decode_event, dump_plain_json, encode_event, load_plain_json
+from sidecar.storage.codec import StoredEvent, decode_event, dump_plain_json, encode_record, load_plain_json
 from sidecar.storage.keys import Txn
 from sidecar.telemetry import metrics
 from sidecar.text.fencing import is_fenced
@@ -256,10 +259,17 @@ _PAYLOAD_JSON = json.JSONEncoder(separators=(",", ":"))  # made once: json.dumps
 
 
 def summarized_payload(summary: Summary, token_counter: str) -> str:
-    """The ``context.summarized`` payload, exactly RFC 0111's fields, in its order."""
-    return _PAYLOAD_JSON.encode({"iteration": summary.iteration, "replacedTurns": list(summary.replaced_turns),
-                                 "summaryRef": summary.ref, "tokenCounter": token_counter,
-                                 "tokensBefore": summary.tokens_before, "tokensAfter": summary.tokens_after})
+    """The ``context.summarized`` payload, exactly RFC 0111's fields, in its order. orjson writes
+    it as json does while it is ASCII (ids hold no control character, which the two escape
+    differently); else json writes it, escaping as it always did."""
+    payload = {"iteration": summary.iteration, "replacedTurns": summary.replaced_turns, "summaryRef": summary.ref,
+               "tokenCounter": token_counter, "tokensBefore": summary.tokens_before,
+               "tokensAfter": summary.tokens_after}
+    try:
+        data = orjson.dumps(payload)
+    except TypeError:  # a lone surrogate
+        return _PAYLOAD_JSON.encode(payload)
+    return data.decode("ascii") if data.isascii() else _PAYLOAD_JSON.encode(payload)
 
 
 def write_summary(writer: LogWriter, summary: Summary, text: str, role: str, token_counter: str,
@@ -267,9 +277,8 @@ def write_summary(writer: LogWriter, summary: Summary, text: str, role: str, tok
     """Persist the summary, its artifact, its ``context.summarized`` log entry and its
     compaction record (one txn): every entry has exactly one record."""
     txn, db, key = writer.txn, writer.db, writer.key
-    entry_of_artifact = StoredEvent(summary.seq, summary.ref, summary.iteration, role, SUMMARY_TYPE, text, "",
-                                    summary.tokens_after)
-    put_artifact(txn, db, key, summary.ref, encode_event(entry_of_artifact))
+    put_artifact(txn, db, key, summary.ref, encode_record(summary.ref, summary.seq, summary.iteration, role,
+                                                          SUMMARY_TYPE, "", text, summary.tokens_after, ""))
     put_summary_record(txn, db, key, summary.index, summary.record())
     entry = StoredEvent(summary.seq, f"{SIDECAR_ID_PREFIX}{SUMMARIZED_TYPE}:{summary.index}", summary.iteration,
                         "system", SUMMARIZED_TYPE, summarized_payload(summary, token_counter), "", 0)
@@ -287,10 +296,24 @@ def append_compaction(writer: LogWriter, entry: StoredEvent, kind: str, removed:
     the log and a fork takes those below its seq."""
     index = writer.run.log_entries
     writer.append(entry, fastcore.NOT_A_UNIT)
-    task_id = stored_task(writer.txn, writer.db, writer.key)[0].task_id or run_id_of(writer.key)
     put_compaction_record(writer.txn, writer.db, writer.key, CompactionRecord(
-        index, task_id, entry.iteration, int(time.time() * 1000), entry.seq, kind, removed, summary_ref,
+        index, _task_id(writer), entry.iteration, int(time.time() * 1000), entry.seq, kind, removed, summary_ref,
         tokens_before, tokens_after, by))
+
+
+# The run's task id by (run key, task digest): the task record a digest names never changes, and
+# reading the id parses the whole record (the task, its skills, its sections).
+_TASK_IDS = ProfileCache()
+
+
+def _task_id(writer: LogWriter) -> str:
+    """The id of the run's task, the run's id when it has none (no task digest: no task record)."""
+    key, digest = writer.key, writer.run.task_digest
+    if digest:
+        task_id = _TASK_IDS.get((key, digest), lambda: stored_task_id(writer.txn, writer.db, key))
+        if task_id:
+            return task_id
+    return run_id_of(key)
 
 
 @dataclass(frozen=True, slots=True)

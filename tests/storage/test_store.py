@@ -41,6 +41,25 @@ def test_a_store_at_its_ceiling_is_full_and_keeps_nothing_of_the_failed_write(tm
     store.close()
 
 
+def test_the_headroom_a_delete_grew_into_is_given_back_before_the_next_write(tmp_path: Path) -> None:
+    """Only deletes may use the last part of max_map_size: once one grew the map into it, the
+    next write shrinks the map back to the other writes' ceiling first."""
+    store = Store(str(tmp_path / "db"), map_size=1 << 20, max_map_size=2 << 20)
+    handle = store.db["runs"]
+    filled = 0
+    while store.map_usage()[0] < store.map_usage()[1] * 0.8:  # to where the next write would grow the map
+        filled += 1
+        key = b"fill%d" % filled
+        store.write(lambda txn, key=key: txn.put(key, b"x" * 50_000, db=handle))
+    writes_ceiling = store.map_usage()[1]
+    assert writes_ceiling < 2 << 20
+    store.write(lambda txn: txn.delete(b"fill1", db=handle), frees_space=True)
+    assert store.map_usage()[1] == 2 << 20  # the delete may use the headroom
+    store.write(lambda txn: txn.put(b"after", b"y", db=handle))
+    assert store.map_usage()[1] == writes_ceiling
+    store.close()
+
+
 def test_reopening_keeps_what_was_committed(tmp_path: Path, counters) -> None:
     path = str(tmp_path / "db")
     store = Store(path, map_size=1 << 20)

@@ -291,3 +291,31 @@ def test_a_run_recorded_with_the_first_summary_layout_reads_back_the_same(start_
     # decide where the window stops, to the token.
     for budget in range(1, 260):
         assert fed("first-layout", 9, budget) == fed("current", 9, budget), budget
+
+
+def test_each_compaction_record_names_the_task_in_force_when_it_was_recorded(start_server) -> None:
+    """A run's compaction records carry its task's id as it was at each summary (UpdateTask
+    between them, back to the first task at the end), and a run without a task its own id."""
+    stub = start_server(token_counter="chars", transcript_token_budget=100_000, keep_last_turns=1,
+                        summarization=True).stub
+    stub.OpenRun(pb.OpenRunRequest(run_id="tasked", task=pb.Task(task_id="task-1", goal="Refunds.")))
+    for run_id in ("tasked", "untasked"):
+        stub.AppendEvents(pb.AppendEventsRequest(run_id=run_id, events=[
+            pb.Event(event_id=f"e{i}", iteration=1, role="user", content=f"Question {i}.") for i in range(6)]))
+        stub.AssembleContext(pb.AssembleContextRequest(run_id=run_id, iteration=1))
+
+    def summarise(run_id: str, index: int) -> None:
+        stub.RecordSummary(pb.RecordSummaryRequest(run_id=run_id, iteration=index + 2,
+                                                   replaced_event_ids=[f"e{index}"], summary_text=f"Summary {index}."))
+
+    for index, new_task in enumerate((None, "task-2", None, "task-1")):
+        if new_task:
+            stub.UpdateTask(pb.UpdateTaskRequest(run_id="tasked", task=pb.Task(task_id=new_task, goal="Refunds.")))
+        summarise("tasked", index)
+    summarise("untasked", 0)
+
+    def task_ids(run_id: str) -> list[str]:
+        return [r.task_id for r in stub.ListCompactionRecords(pb.ListCompactionRecordsRequest(run_id=run_id)).records]
+
+    assert task_ids("tasked") == ["task-1", "task-2", "task-2", "task-1"]
+    assert task_ids("untasked") == ["untasked"]
