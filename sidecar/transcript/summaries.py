@@ -260,8 +260,8 @@ _PAYLOAD_JSON = json.JSONEncoder(separators=(",", ":"))  # made once: json.dumps
 
 def summarized_payload(summary: Summary, token_counter: str) -> str:
     """The ``context.summarized`` payload, exactly RFC 0111's fields, in its order. orjson writes
-    it as json does while it is ASCII (ids hold no control character, which the two escape
-    differently); else json writes it, escaping as it always did."""
+    it as json does while it is ASCII and holds no DEL (ids hold no control character, which the
+    two escape differently); else json writes it, escaping as it always did."""
     payload = {"iteration": summary.iteration, "replacedTurns": summary.replaced_turns, "summaryRef": summary.ref,
                "tokenCounter": token_counter, "tokensBefore": summary.tokens_before,
                "tokensAfter": summary.tokens_after}
@@ -269,7 +269,7 @@ def summarized_payload(summary: Summary, token_counter: str) -> str:
         data = orjson.dumps(payload)
     except TypeError:  # a lone surrogate
         return _PAYLOAD_JSON.encode(payload)
-    return data.decode("ascii") if data.isascii() else _PAYLOAD_JSON.encode(payload)
+    return data.decode("ascii") if data.isascii() and b"\x7f" not in data else _PAYLOAD_JSON.encode(payload)
 
 
 def write_summary(writer: LogWriter, summary: Summary, text: str, role: str, token_counter: str,
