@@ -1,7 +1,8 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
-"""A batch of new log entries made into what is written for them, compiled: each entry's record
-(an ``EventRecord`` in protobuf's wire format, written by hand), its keys and its packed count
-record. Plain values in and out; the twin ``fastcore/_entries_reference.py`` is the specification.
+"""A batch of new log entries checked and made into what is written for them, compiled: which
+events are plainly valid, and each entry's record (an ``EventRecord`` in protobuf's wire format,
+written by hand), its keys and its packed count record. Plain values in and out; the twin
+``fastcore/_entries_reference.py`` is the specification.
 """
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
@@ -181,3 +182,40 @@ def new_entries(bytes key not None, int64_t first_seq, events, tokens, group_fir
         _le32(packed + 12 * i + 4, iteration_u32)
         _le32(packed + 12 * i + 8, _uint32(group_firsts[i]))
     return records, index, counts, iteration_starts
+
+
+cdef inline bint _clean(const char* text, Py_ssize_t length) noexcept nogil:
+    # No control character (U+0000-U+001F, U+007F): in UTF-8 these bytes stand only for themselves.
+    cdef Py_ssize_t k
+    cdef unsigned char byte
+    for k in range(length):
+        byte = <unsigned char>text[k]
+        if byte < 0x20 or byte == 0x7F:
+            return False
+    return True
+
+
+cdef inline bint _plain_id(str value, Py_ssize_t max_bytes, bint required) except -1:
+    cdef Py_ssize_t length
+    cdef const char* text = PyUnicode_AsUTF8AndSize(value, &length)
+    if length == 0:
+        return not required
+    return length <= max_bytes and _clean(text, length)
+
+
+def unchecked_events(events, int64_t max_event_bytes, turn, tuple roles not None, str reserved_prefix not None,
+                     int64_t max_id_bytes, int64_t max_type_bytes, int64_t max_count):
+    """The indexes of the events this check does not pass: the invalid ones, and tool calls. See the twin."""
+    cdef list unchecked = []
+    cdef Py_ssize_t i, length
+    for i in range(len(events)):
+        event = events[i]
+        event_id, iteration, role, content, host_count = (
+            event[_EVENT_ID], event[_ITERATION], event[_ROLE], event[_CONTENT], event[_HOST_COUNT])
+        PyUnicode_AsUTF8AndSize(content, &length)
+        if not (_plain_id(event_id, max_id_bytes, True) and not event_id.startswith(reserved_prefix)
+                and iteration >= 1 and (turn is None or iteration <= turn) and role in roles and _plain_id(event[_TYPE], max_type_bytes, True)
+                and length <= max_event_bytes and _plain_id(event[_CALL_ID], max_id_bytes, False)
+                and not event[_TOOL_NAME] and (host_count is None or 0 <= host_count <= max_count)):
+            unchecked.append(i)
+    return unchecked

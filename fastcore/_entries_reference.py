@@ -1,6 +1,7 @@
-"""The readable pure-Python twin of ``_entries``: a batch of new log entries made into what is
-written for them. The specification: the tests hold the compiled functions to these, and the
-records to protobuf's own serialization; nothing in the sidecar imports this module.
+"""The readable pure-Python twin of ``_entries``: a batch of new log entries checked and made into
+what is written for them. The specification: the tests hold the compiled functions to these, the
+check to the sidecar's own (``check_event``) and the records to protobuf's serialization; nothing
+in the sidecar imports this module.
 
 An entry's record is a ``contextsidecar.storage.v1.EventRecord`` (sidecar/storage/proto) in
 protobuf's wire format, as protobuf serializes it: the fields in number order, each one that is
@@ -87,3 +88,31 @@ def _uint32(value: int) -> int:
 
 def _be32(value: int) -> bytes:
     return _uint32(value).to_bytes(4, "big")
+
+
+def _plain_id(value: str, max_bytes: int, required: bool) -> bool:
+    data = value.encode("utf-8")
+    return len(data) <= max_bytes and not any(byte < 0x20 or byte == 0x7F for byte in data) if data else not required
+
+
+def unchecked_events(events: Sequence[tuple], max_event_bytes: int, turn: int | None, roles: tuple[str, ...],
+                     reserved_prefix: str, max_id_bytes: int, max_type_bytes: int, max_count: int) -> list[int]:
+    """The indexes of the events (tuples of ``EVENT_FIELDS`` and then anything) that this check
+    does not pass, in order: every invalid one, and every tool call (its arguments are JSON,
+    checked by the caller). An event passes when its id is required and its call id optional
+    (at most ``max_id_bytes`` of UTF-8, no control character U+0000-U+001F or U+007F), its id
+    does not start with ``reserved_prefix``, its iteration is at least 1 (and at most ``turn``
+    when a turn is given), its role is one of ``roles``, its type is required (at most
+    ``max_type_bytes``), its content at most ``max_event_bytes``, it names no tool, and its
+    host count is None or within 0 and ``max_count``. The caller checks the indexes given, in
+    Python, to say what is wrong: one Python check per event costs more than the rest of it."""
+    unchecked = []
+    for i, event in enumerate(events):
+        event_id, iteration, role, type, content, call_id, host_count, tool_name = event[:len(EVENT_FIELDS)]
+        if not (_plain_id(event_id, max_id_bytes, True) and not event_id.startswith(reserved_prefix)
+                and 1 <= iteration <= (iteration if turn is None else turn) and role in roles
+                and _plain_id(type, max_type_bytes, True) and len(content.encode("utf-8")) <= max_event_bytes
+                and _plain_id(call_id, max_id_bytes, False) and not tool_name
+                and (host_count is None or 0 <= host_count <= max_count)):
+            unchecked.append(i)
+    return unchecked

@@ -37,7 +37,7 @@ from sidecar.transcript.schema import (
     read_event,
     read_ids,
 )
-from sidecar.validation import MAX_COUNT, check_at_least, check_id, check_text_bytes, json_field
+from sidecar.validation import MAX_COUNT, MAX_ID_BYTES, check_at_least, check_id, check_text_bytes, json_field
 
 MAX_EVENTS_PER_RUN = 2**31 - 1  # seq travels as int32
 MAX_TYPE_BYTES = 64
@@ -161,9 +161,12 @@ def prepare_events(events: Sequence[NewEvent], field: str, defaults: ContextSett
     validate every field, naming the first bad one (``field[i].role``)."""
     prepared = [event.with_defaults(event.type or "message", event.iteration or (turn or 0)) for event in events]
     limit = defaults.max_event_bytes
-    for i, event in enumerate(prepared):
+    # fastcore passes the plainly valid events (the same rules as check_event; tests hold them to
+    # it); check_event sees the others, tool calls and the invalid, and names what is wrong.
+    for i in fastcore.unchecked_events(prepared, limit, turn, ROLES, SIDECAR_ID_PREFIX, MAX_ID_BYTES,
+                                       MAX_TYPE_BYTES, MAX_COUNT):
         try:
-            check_event(event, limit, turn)
+            check_event(prepared[i], limit, turn)
         except ValidationError as error:
             # The event's place is put in the name only now: nearly every event is good, and
             # making its field names up front cost more than checking them.

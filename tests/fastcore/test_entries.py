@@ -11,8 +11,12 @@ import pytest
 
 import fastcore
 from fastcore import _entries_reference as _reference
+from sidecar.errors import ValidationError
 from sidecar.pb.contextsidecar.storage.v1.records_pb2 import EventRecord
-from sidecar.transcript.log import NewEvent
+from sidecar.settings import ROLES
+from sidecar.transcript.log import MAX_TYPE_BYTES, NewEvent, check_event
+from sidecar.transcript.runs import SIDECAR_ID_PREFIX
+from sidecar.validation import MAX_COUNT, MAX_ID_BYTES
 
 ALPHABET = [chr(c) for c in (*range(32, 127), *range(0xA0, 0x2FF), *range(0x4E00, 0x4E40), *range(0x1F600, 0x1F640))]
 # An int32 field's edges, and the edges of a varint's lengths.
@@ -101,3 +105,33 @@ def test_new_entries_refuse_what_does_not_fit(made) -> None:  # type: ignore[no-
         made(b"k\0", 0, [event._replace(host_token_count=-1)], [5], [0], 0)
     with pytest.raises(ValueError):
         made(b"k\0", 0, [event], [5], [-1], 0)
+
+
+# -- the plain events' check ------------------------------------------------------------------
+
+IDS = ["", "a", "x" * 256, "x" * 257, "é" * 128, "é" * 129, "a\nb", "a\x7fb", "a\x1f", "sidecar:x", "side", "ok"]
+TYPES = ["", "message", "t" * 64, "t" * 65, "a\tb", "日本"]
+CONTENTS = ["", "x" * 100, "é" * 50, "é" * 51, "😀" * 25, "😀" * 26, "\x00 nul is fine in content"]
+
+
+def _checked_by_python(event: NewEvent, turn: int | None) -> bool:
+    try:
+        check_event(event, 100, turn)
+    except ValidationError:
+        return False
+    return True
+
+
+def test_unchecked_events_are_exactly_those_check_event_refuses_and_tool_calls() -> None:
+    rng = random.Random(3)
+    for n in range(1500):
+        turn = rng.choice([None, 3])
+        events = [NewEvent(rng.choice(IDS), rng.choice([-1, 0, 1, 3, 4]), rng.choice([*ROLES, "robot", ""]),
+                           rng.choice(TYPES), rng.choice(CONTENTS), rng.choice(["", "", *IDS]),
+                           rng.choice([None, None, -1, 0, MAX_COUNT, MAX_COUNT + 1]),
+                           rng.choice(["", "", "", "search"])) for _ in range(rng.randrange(0, 8))]
+        arguments = (events, 100, turn, ROLES, SIDECAR_ID_PREFIX, MAX_ID_BYTES, MAX_TYPE_BYTES, MAX_COUNT)
+        unchecked = fastcore.unchecked_events(*arguments)
+        assert unchecked == _reference.unchecked_events(*arguments), n
+        assert unchecked == [i for i, event in enumerate(events)
+                             if event.tool_name or not _checked_by_python(event, turn)], n
