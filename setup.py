@@ -3,7 +3,7 @@
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
-MODULES = ("_fastcore", "_matcher", "_search")
+MODULES = ("_entries", "_fastcore", "_matcher", "_search")
 
 setup(
     ext_modules=cythonize(

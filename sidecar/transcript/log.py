@@ -18,7 +18,7 @@ from typing import NamedTuple
 import fastcore
 from sidecar.errors import Conflict, ValidationError
 from sidecar.settings import ROLES, ContextSettings
-from sidecar.storage.codec import StoredEvent, encode_event, encode_id_index, encode_record, pack_count
+from sidecar.storage.codec import StoredEvent, encode_event, encode_id_index, pack_count
 from sidecar.storage.keys import Txn
 from sidecar.text.counting import Counters
 from sidecar.transcript.runs import SIDECAR_ID_PREFIX, Run, save_run
@@ -37,7 +37,7 @@ from sidecar.transcript.schema import (
     read_event,
     read_ids,
 )
-from sidecar.validation import MAX_COUNT, check_at_least, check_id, check_text_bytes, json_field
+from sidecar.validation import MAX_COUNT, MAX_ID_BYTES, check_at_least, check_id, check_text_bytes, json_field
 
 MAX_EVENTS_PER_RUN = 2**31 - 1  # seq travels as int32
 MAX_TYPE_BYTES = 64
@@ -108,6 +108,31 @@ class LogWriter:
         run.next_seq = seq + 1
         run.last_iteration = iteration
 
+    def append_host(self, events: Sequence[NewEvent], tokens: Sequence[int], group_firsts: Sequence[int]) -> None:
+        """Write the host's ``events`` (new, their iterations not decreasing from the run's) as the
+        run's next entries, with their counts and call groups. fastcore makes every record, key
+        and count record in one call (a record's bytes are protobuf's own; tests compare), and each
+        database takes its writes in one ``putmulti``: per event, no Python runs here."""
+        txn, db, key, run = self.txn, self.db, self.key, self.run
+        first = run.next_seq
+        records, index, counts, iteration_starts = fastcore.new_entries(
+            key, first, events, tokens, group_firsts, run.last_iteration)
+        txn.cursor(db=db["events"]).putmulti(records)
+        txn.cursor(db=db["event_ids"]).putmulti(index)
+        if iteration_starts:
+            txn.cursor(db=db["iterations"]).putmulti(iteration_starts)
+        placed = 0
+        while placed < len(events):  # the chunks they fall in, in order
+            chunk = self._chunk(first + placed)
+            end = min(len(events), (chunk + 1) * CHUNK_EVENTS - first)
+            self._counts[chunk] += counts[placed * fastcore.RECORD_SIZE:end * fastcore.RECORD_SIZE]
+            self._ids[chunk] += [event.event_id for event in events[placed:end]]
+            placed = end
+        if events:
+            assert events[0].iteration >= run.last_iteration
+            run.next_seq = first + len(events)
+            run.last_iteration = events[-1].iteration
+
     def recount(self, seq: int, tokens: int) -> None:
         """Make entry ``seq`` weigh ``tokens`` in every window chosen from now on: the count of the
         form it is fed in from now on (a cleared tool result's placeholder, a clipped result's
@@ -136,9 +161,12 @@ def prepare_events(events: Sequence[NewEvent], field: str, defaults: ContextSett
     validate every field, naming the first bad one (``field[i].role``)."""
     prepared = [event.with_defaults(event.type or "message", event.iteration or (turn or 0)) for event in events]
     limit = defaults.max_event_bytes
-    for i, event in enumerate(prepared):
+    # fastcore passes the plainly valid events (the same rules as check_event; tests hold them to
+    # it); check_event sees the others, tool calls and the invalid, and names what is wrong.
+    for i in fastcore.unchecked_events(prepared, limit, turn, ROLES, SIDECAR_ID_PREFIX, MAX_ID_BYTES,
+                                       MAX_TYPE_BYTES, MAX_COUNT):
         try:
-            check_event(event, limit, turn)
+            check_event(prepared[i], limit, turn)
         except ValidationError as error:
             # The event's place is put in the name only now: nearly every event is good, and
             # making its field names up front cost more than checking them.
@@ -204,7 +232,35 @@ def append_host_events(writer: LogWriter, events: Sequence[NewEvent], counts: Se
                        before_each: Callable[[LogWriter, NewEvent], None] | None = None) -> list[AppendResult]:
     """Append the host's events: a retried one (same id, same fields) is a no-op, a changed one
     a conflict, an iteration going backwards invalid. The caller commits or aborts all of it.
-    Runs per event under the write lock: field names are made only to raise."""
+    Runs under the write lock: the usual call, every event new, is written in one go; field
+    names are made only to raise."""
+    if before_each is None and _all_new(writer, events):
+        # The usual call: every event new and in order. Nothing can fail; written in one go.
+        first = writer.run.next_seq
+        groups = [_group_first(writer, event, seq) for seq, event in enumerate(events, first)]
+        writer.append_host(events, counts, groups)
+        return [AppendResult(event.event_id, seq, tokens, False)
+                for seq, (event, tokens) in enumerate(zip(events, counts), first)]
+    return _append_one_by_one(writer, events, counts, field, before_each)
+
+
+def _all_new(writer: LogWriter, events: Sequence[NewEvent]) -> bool:
+    """Whether every event is new (its id is in neither the run nor, twice, the batch), their
+    iterations do not decrease from the run's, and the run has room for them all."""
+    run, key = writer.run, writer.key
+    keys = [key + event.event_id.encode("utf-8") for event in events]
+    last = run.last_iteration
+    for event in events:
+        if event.iteration < last:
+            return False
+        last = event.iteration
+    return (len(set(keys)) == len(keys) and run.next_seq + len(events) <= MAX_EVENTS_PER_RUN
+            and not writer.txn.cursor(db=writer.db["event_ids"]).getmulti(keys))
+
+
+def _append_one_by_one(writer: LogWriter, events: Sequence[NewEvent], counts: Sequence[int], field: str,
+                       before_each: Callable[[LogWriter, NewEvent], None] | None) -> list[AppendResult]:
+    """``append_host_events`` event by event: retried events, conflicts, errors, and replay forks."""
     txn, db, key, run = writer.txn, writer.db, writer.key, writer.run
     results: list[AppendResult] = []
     in_batch: dict[str, tuple[NewEvent, AppendResult]] = {}
@@ -232,14 +288,17 @@ def append_host_events(writer: LogWriter, events: Sequence[NewEvent], counts: Se
         seq = run.next_seq
         if seq >= MAX_EVENTS_PER_RUN:
             raise ValidationError.field(f"{field}[{i}]", f"the run already holds {seq} events, the most one run can")
-        group_first = call_group(txn, db, key, event.call_id, seq) if event.call_id else seq
-        writer.append_record(seq, event_id, event.iteration, tokens, encode_record(
-            event_id, seq, event.iteration, event.role, event.type, event.call_id, event.content, tokens,
-            event.tool_name), group_first, event.host_token_count)
+        writer.append_host((event,), (tokens,), (_group_first(writer, event, seq),))
         result = AppendResult(event_id, seq, tokens, False)
         in_batch[event_id] = (event, result)
         results.append(result)
     return results
+
+
+def _group_first(writer: LogWriter, event: NewEvent, seq: int) -> int:
+    """The group of ``event`` appended as entry ``seq``: its call's first entry (``seq`` for a new
+    call, recorded so), or itself outside a call."""
+    return call_group(writer.txn, writer.db, writer.key, event.call_id, seq) if event.call_id else seq
 
 
 def _same_event(stored: StoredEvent, stored_host_count: int | None, event: NewEvent) -> bool:

@@ -76,6 +76,21 @@ def test_a_retried_append_is_a_no_op_and_a_changed_one_is_rejected(make_transcri
     assert [e.event_id for e in log_of(transcripts, "run")] == ["a", "b"], "c must not have been written"
 
 
+def test_a_retried_batch_of_the_newest_iteration_is_a_no_op(make_transcripts) -> None:
+    transcripts = make_transcripts(token_counter="chars")
+    batch = [event("a", 1, "one"), event("b", 1, "two", role="assistant", call_id="c1", host_token_count=4)]
+    transcripts.append_events(TENANT, "run", batch)
+    again = transcripts.append_events(TENANT, "run", batch)
+    assert [(r.seq, r.tokens, r.already_recorded) for r in again] == [(0, 3, True), (1, 3, True)]
+    more = transcripts.append_events(TENANT, "run", [event("c", 1, "three"), batch[1]])
+    assert [(r.seq, r.already_recorded) for r in more] == [(2, False), (1, True)]
+    with pytest.raises(Conflict) as raised:
+        transcripts.append_events(TENANT, "run", [event("d", 1), batch[1]._replace(host_token_count=5)])
+    assert raised.value.violations[0].field == "events[1].event_id"
+    assert [(e.seq, e.event_id, e.content) for e in log_of(transcripts, "run")] == [
+        (0, "a", "one"), (1, "b", "two"), (2, "c", "three")]
+
+
 def test_duplicates_within_one_call(make_transcripts) -> None:
     transcripts = make_transcripts(token_counter="chars")
     results = transcripts.append_events(TENANT, "run", [event("a", 1, "one"), event("a", 1, "one")])
