@@ -26,7 +26,7 @@ from sidecar.errors import StoreFull, WriteConflict
 from sidecar.storage.databases import AREAS, DATABASES, STORAGE_DATABASES
 from sidecar.storage.keys import Db, Txn, sweep
 from sidecar.storage.recording import RecordingTxn, apply
-from sidecar.storage.shared import DATABASES_OF_KIND, Changes, SharedStore, VersionConflict, prefix_of
+from sidecar.storage.shared import DATABASES_OF_KIND, Changes, Holding, SharedStore, VersionConflict, prefix_of
 from sidecar.telemetry import metrics
 from sidecar.telemetry.tracing import phase
 
@@ -211,43 +211,56 @@ class Store:
     def _write_shared(self, work: Callable[[Txn], T], ceiling: int) -> T:
         """``work`` on LMDB through a recording transaction; what it wrote committed to the shared
         store, moving each written unit on from the version held here; then LMDB. A unit another
-        sidecar moved on meanwhile is loaded afresh and the work run again."""
+        sidecar moved on meanwhile is loaded afresh and the work run again, from then on holding
+        the units it lost (``SharedStore.holding``): another sidecar's commit to them waits, so
+        one that writes them without pause cannot keep this one from landing."""
         assert self.shared is not None
-        shared = self.shared
+        lost: tuple[bytes, ...] = ()
         for attempt in range(CONFLICT_ATTEMPTS):
             if attempt:  # two sidecars retrying in step would collide again: wait a random while
-                time.sleep(random.uniform(0, 0.002 * 2 ** attempt))
+                time.sleep(random.uniform(0, 0.0005 * 2 ** attempt))
             with self._write_lock:
-                # Set once the shared store has committed: if LMDB's commit then fails and
-                # _write_local runs this again (the map grown), the same records are written
-                # again, not the work re-run (which could apply a call twice).
-                committed: tuple[Changes, dict[bytes, int], T] | None = None
-
-                def recorded(txn: Txn) -> T:
-                    nonlocal committed
-                    if committed is not None:
-                        changes, versions, result = committed
-                        apply(txn, self.db, changes)
-                    else:
-                        recording = RecordingTxn(txn, self._names)
-                        result = work(cast(Txn, recording))
-                        changes = recording.changes()
-                        if not changes:
-                            return result
-                        held = {unit: self._held(txn, unit) for unit in changes}
-                        with phase("shared commit"):
-                            versions = shared.commit(held, changes)
-                        committed = changes, versions, result
-                    for unit, version in versions.items():
-                        self._hold(txn, unit, version)
-                    return result
                 try:
-                    return self._write_local(recorded, ceiling)
-                except VersionConflict as conflict:
-                    for unit in conflict.units:
-                        self._load(unit, ceiling)
+                    if not lost:
+                        return self._write_local(self._recorded(work), ceiling)
+                    with self.shared.holding(lost) as holding:
+                        for unit in lost:
+                            self._load(unit, ceiling, holding)
+                        return self._write_local(self._recorded(work, holding), ceiling)
+                except VersionConflict as conflict:  # nothing was written; the next attempt loads them
+                    lost = tuple(sorted(set(lost) | set(conflict.units)))
         raise WriteConflict("other sidecars kept writing the same run or memory ref; nothing was written, "
                             "call again")
+
+    def _recorded(self, work: Callable[[Txn], T], holding: Holding | None = None) -> Callable[[Txn], T]:
+        """``work`` through a recording transaction, its records committed to the shared store
+        before LMDB commits (``holding``: in the transaction holding their units)."""
+        assert self.shared is not None
+        shared = self.shared
+        # Set once the shared store has committed: if LMDB's commit then fails and _write_local
+        # runs this again (the map grown), the same records are written again, not the work re-run
+        # (which could apply a call twice).
+        committed: tuple[Changes, dict[bytes, int], T] | None = None
+
+        def recorded(txn: Txn) -> T:
+            nonlocal committed
+            if committed is not None:
+                changes, versions, result = committed
+                apply(txn, self.db, changes)
+            else:
+                recording = RecordingTxn(txn, self._names)
+                result = work(cast(Txn, recording))
+                changes = recording.changes()
+                if not changes:
+                    return result
+                held = {unit: self._held(txn, unit) for unit in changes}
+                with phase("shared commit"):
+                    versions = shared.commit(held, changes, holding)
+                committed = changes, versions, result
+            for unit, version in versions.items():
+                self._hold(txn, unit, version)
+            return result
+        return recorded
 
     def _held(self, txn: Txn, unit: bytes) -> int:
         version = txn.get(unit, db=self._versions)
@@ -275,20 +288,21 @@ class Store:
                 for unit in stale:
                     self._load(unit, ceiling)
 
-    def _load(self, unit: bytes, ceiling: int) -> None:
+    def _load(self, unit: bytes, ceiling: int, holding: Holding | None = None) -> None:
         """Bring the local copy of ``unit`` to the shared store's version (the write lock held):
         the records written since the version held here, or all of them when none is held (or
-        the one held is ahead of the store's, as after a restore of the database)."""
+        the one held is ahead of the store's, as after a restore of the database). ``holding``:
+        read in the transaction holding the unit."""
         assert self.shared is not None
         with self.read() as txn:
             held = self._held(txn, unit)
         with phase("shared load"):
-            version, rows = self.shared.load(unit, since=held)
+            version, rows = self.shared.load(unit, held, holding)
         if version == held and not rows:
             return  # another call brought it up to date meanwhile: no write, no commit to sync
         if version < held:
             with phase("shared load"):
-                version, rows = self.shared.load(unit)
+                version, rows = self.shared.load(unit, 0, holding)
             held = 0
         handles = {name: self.db[name] for name in DATABASES_OF_KIND[unit[:1]]}
 

@@ -3,13 +3,13 @@
 With [storage] shared set, ``Store.write`` hands the call's work this wrapper instead of the LMDB
 transaction: it does everything the transaction does, and keeps the last value put (or the
 delete) of every key it touched, by database. The areas' code writes with ``txn.put``,
-``txn.delete`` and ``cursor.delete`` only; the other LMDB writes are refused here, so that no
-write can reach LMDB without reaching the shared store too.
+``txn.delete``, ``cursor.putmulti`` and ``cursor.delete`` only; the other LMDB writes are refused
+here, so that no write can reach LMDB without reaching the shared store too.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any, cast
 
 import lmdb
@@ -75,6 +75,18 @@ class RecordingCursor:
         if key:  # the cursor was on a record
             self._txn._written[(self._db, bytes(key))] = None
         return deleted
+
+    def putmulti(self, items: Iterable[tuple[bytes, bytes]], dupdata: bool = True, overwrite: bool = True,
+                 append: bool = False) -> tuple[int, int]:
+        """Every item put (a batch of new records), each recorded."""
+        if not overwrite:
+            raise NotImplementedError("putmulti without overwrite is not recorded")
+        items = list(items)
+        done = self._cursor.putmulti(items, dupdata=dupdata, overwrite=overwrite, append=append)
+        written = self._txn._written
+        for key, value in items:
+            written[(self._db, bytes(key))] = bytes(value)
+        return done
 
     def __iter__(self) -> Iterator[tuple[bytes, bytes]]:
         return iter(cast(Iterator[tuple[bytes, bytes]], self._cursor))

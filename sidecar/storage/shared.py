@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 from sidecar.errors import SharedStoreUnavailable
@@ -195,10 +195,22 @@ class SharedStore:
                 cursor.execute("SELECT unit, version FROM context_sidecar_units WHERE unit = ANY(%s)", (list(units),))
             return {bytes(unit): version for unit, version in cursor.fetchall()}
 
-    def load(self, unit: bytes, since: int = 0) -> tuple[int, list[tuple[str, bytes, bytes | None]]]:
+    def load(self, unit: bytes, since: int = 0,
+             holding: Holding | None = None) -> tuple[int, list[tuple[str, bytes, bytes | None]]]:
         """A unit's version and its records written after version ``since`` (value None: deleted),
-        from one snapshot; ``since`` 0: every record there is. (0 and none: no such unit.)"""
-        with self._connection(read_only=True) as conn, conn.transaction(), conn.cursor(binary=True) as cursor:
+        from one snapshot; ``since`` 0: every record there is. (0 and none: no such unit.)
+        ``holding``: read in the transaction holding the unit (nothing else can write it)."""
+        with ExitStack() as stack:
+            if holding is None:
+                conn = stack.enter_context(self._connection(read_only=True))
+                stack.enter_context(conn.transaction())
+            else:
+                conn = holding.conn
+            return self._load(conn, unit, since)
+
+    @staticmethod
+    def _load(conn: Any, unit: bytes, since: int) -> tuple[int, list[tuple[str, bytes, bytes | None]]]:
+        with conn.cursor(binary=True) as cursor:
             cursor.execute("SELECT version FROM context_sidecar_units WHERE unit = %s", (unit,))
             found = cursor.fetchone()
             if since:
@@ -210,26 +222,52 @@ class SharedStore:
             rows = [(db, bytes(key), None if value is None else bytes(value)) for db, key, value in cursor.fetchall()]
         return (found[0] if found else 0), rows
 
-    def commit(self, held: dict[bytes, int], changes: Changes) -> dict[bytes, int]:
+    @contextmanager
+    def holding(self, units: Sequence[bytes]) -> Iterator[Holding]:
+        """The units' rows locked (SELECT ... FOR UPDATE) in a transaction that ends with the
+        ``commit`` given the holding, or rolls back: while it is open, another sidecar's commit to
+        them waits, then finds them moved on. A write that lost a unit to another sidecar runs
+        again holding it, so that a sidecar writing a unit without pause cannot starve another."""
+        with self._connection() as conn:
+            conn.execute("BEGIN")
+            holding = Holding(conn)
+            try:
+                # In one order on every sidecar (a commit's updates too), so two never wait on each other.
+                conn.execute("SELECT version FROM context_sidecar_units WHERE unit = ANY(%s) ORDER BY unit FOR UPDATE",
+                             (sorted(units),))
+                yield holding
+            except self._psycopg.errors.TransactionRollback:  # a deadlock or serialization failure
+                raise VersionConflict(list(units)) from None
+            finally:
+                if not holding.ended and not conn.closed:
+                    conn.execute("ROLLBACK")
+
+    def commit(self, held: dict[bytes, int], changes: Changes, holding: Holding | None = None) -> dict[bytes, int]:
         """Write ``changes`` in one SQL transaction, moving each unit from the version ``held`` here
-        to the next; the new versions. Nothing is written if any unit was not at the version held."""
+        to the next; the new versions. Nothing is written if any unit was not at the version held.
+        ``holding``: in the transaction holding the units, which this ends."""
         try:
-            return self._commit(held, changes)
+            return self._commit(held, changes, holding)
         except self._psycopg.errors.TransactionRollback:  # a serializable engine's word for the same
             raise VersionConflict(list(changes)) from None
 
-    def _commit(self, held: dict[bytes, int], changes: Changes) -> dict[bytes, int]:
+    def _commit(self, held: dict[bytes, int], changes: Changes, holding: Holding | None) -> dict[bytes, int]:
         # The new versions are known before asking: each unit moves on by one from the version held
         # here, or the call writes nothing. So the statements go in one pipeline (one round trip),
         # and the COMMIT follows only if every unit moved.
-        versions = {unit: held[unit] + 1 for unit in changes}
+        versions = {unit: held[unit] + 1 for unit in sorted(changes)}  # rows locked in one order (``holding``)
         # One statement for every record of the call; a delete is written as a NULL value.
         rows = [(unit, db, key, value, versions[unit])
                 for unit, records in changes.items() for db, key, value in records]
-        with self._connection() as conn, conn.transaction():
+        with ExitStack() as stack:
+            if holding is None:
+                conn = stack.enter_context(self._connection())
+                stack.enter_context(conn.transaction())
+            else:
+                conn = holding.conn
             with conn.pipeline():
                 moves = []
-                for unit in changes:
+                for unit in versions:
                     cursor = conn.cursor()
                     if held[unit]:
                         cursor.execute("UPDATE context_sidecar_units SET version = version + 1 "
@@ -246,7 +284,18 @@ class SharedStore:
             moved = [unit for unit, cursor in moves if cursor.fetchone() is None]
             if moved:  # leaving the block with an error rolls the transaction back
                 raise VersionConflict(moved)
+            if holding is not None:
+                conn.execute("COMMIT")
+                holding.ended = True
         return versions
+
+
+class Holding:
+    """An open transaction holding some units' rows (``SharedStore.holding``)."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        self.ended = False
 
 
 def _pool_timeout() -> type[Exception]:
