@@ -18,7 +18,7 @@ from typing import NamedTuple
 import fastcore
 from sidecar.errors import Conflict, ValidationError
 from sidecar.settings import ROLES, ContextSettings
-from sidecar.storage.codec import StoredEvent, encode_event, encode_id_index, pack_count
+from sidecar.storage.codec import ID_SEPARATOR, StoredEvent, encode_event, encode_id_index, pack_count
 from sidecar.storage.keys import Txn
 from sidecar.text.counting import Counters
 from sidecar.transcript.runs import SIDECAR_ID_PREFIX, Run, save_run
@@ -26,9 +26,9 @@ from sidecar.transcript.schema import (
     CHUNK_EVENTS,
     call_group,
     count_chunk,
-    id_chunk,
     indexed_event,
     iteration_start,
+    joined_ids,
     log_entries_from,
     log_entries_in,
     name_key,
@@ -36,10 +36,12 @@ from sidecar.transcript.schema import (
     put_chunk,
     read_event,
     read_ids,
+    stored_id_chunk,
 )
 from sidecar.validation import MAX_COUNT, MAX_ID_BYTES, check_at_least, check_id, check_text_bytes, json_field
 
 MAX_EVENTS_PER_RUN = 2**31 - 1  # seq travels as int32
+ID_SEPARATOR_BYTES = ID_SEPARATOR.encode("utf-8")
 MAX_TYPE_BYTES = 64
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -76,12 +78,15 @@ class AppendResult(NamedTuple):
 
 class LogWriter:
     """Appends entries to one run's log inside a write transaction, keeping the chunks it touches
-    in memory until :meth:`flush` writes them and the run record."""
+    in memory until :meth:`flush` writes those that changed, and the run record. A chunk's ids
+    are kept as stored (joined), and an appended id is joined on: every append rewrites the
+    chunk's record, and splitting and joining its ids each time cost more than the rest of it."""
 
     def __init__(self, txn: Txn, db: dict, key: bytes, run: Run) -> None:
         self.txn, self.db, self.key, self.run = txn, db, key, run
         self._counts: dict[int, bytearray] = {}
-        self._ids: dict[int, list[str]] = {}
+        self._ids: dict[int, bytearray] = {}
+        self._changed: set[int] = set()  # chunks changed since the last flush
 
     def append(self, entry: StoredEvent, group_first: int, host_token_count: int | None = None) -> None:
         """Write ``entry`` (its seq must be the run's next) with its count record."""
@@ -101,7 +106,7 @@ class LogWriter:
         txn.put(name_key(key, event_id), encode_id_index(seq, host_token_count), db=db["event_ids"])
         chunk = self._chunk(seq)
         self._counts[chunk] += pack_count(tokens, iteration, group_first)
-        self._ids[chunk].append(event_id)
+        self._join(chunk, [event_id])
         if group_first == fastcore.NOT_A_UNIT:
             txn.put(numbered_key(key, seq), run.log_entries.to_bytes(4, "big"), db=db["log_entries"])
             run.log_entries += 1
@@ -126,7 +131,7 @@ class LogWriter:
             chunk = self._chunk(first + placed)
             end = min(len(events), (chunk + 1) * CHUNK_EVENTS - first)
             self._counts[chunk] += counts[placed * fastcore.RECORD_SIZE:end * fastcore.RECORD_SIZE]
-            self._ids[chunk] += [event.event_id for event in events[placed:end]]
+            self._join(chunk, [event.event_id for event in events[placed:end]])
             placed = end
         if events:
             assert events[0].iteration >= run.last_iteration
@@ -142,16 +147,24 @@ class LogWriter:
         self._counts[chunk][at:at + 4] = tokens.to_bytes(4, "little")
 
     def _chunk(self, seq: int) -> int:
-        """The chunk holding ``seq``, read into memory once per writer."""
+        """The chunk holding ``seq``, read into memory once per writer (and marked changed)."""
         chunk = seq // CHUNK_EVENTS
         if chunk not in self._counts:
             self._counts[chunk] = bytearray(count_chunk(self.txn, self.db, self.key, chunk))
-            self._ids[chunk] = id_chunk(self.txn, self.db, self.key, chunk)
+            self._ids[chunk] = bytearray(stored_id_chunk(self.txn, self.db, self.key, chunk))
+        self._changed.add(chunk)
         return chunk
 
+    def _join(self, chunk: int, event_ids: list[str]) -> None:
+        ids = self._ids[chunk]
+        if ids:
+            ids += ID_SEPARATOR_BYTES
+        ids += joined_ids(event_ids)
+
     def flush(self) -> None:
-        for chunk, records in self._counts.items():
-            put_chunk(self.txn, self.db, self.key, chunk, bytes(records), self._ids[chunk])
+        for chunk in sorted(self._changed):
+            put_chunk(self.txn, self.db, self.key, chunk, bytes(self._counts[chunk]), bytes(self._ids[chunk]))
+        self._changed.clear()
         save_run(self.txn, self.db, self.key, self.run)
 
 

@@ -187,13 +187,24 @@ def count_chunks(txn: Txn, db: dict, key: bytes, first: int, end: int, then: byt
 
 def id_chunk(txn: Txn, db: dict, key: bytes, chunk: int) -> list[str]:
     """The ids of the entries of chunk ``chunk`` (none when it holds none yet)."""
-    ids = _get(txn, db["id_chunks"], numbered_key(key, chunk))
+    ids = stored_id_chunk(txn, db, key, chunk)
     return ids.decode("utf-8").split(ID_SEPARATOR) if ids else []
 
 
-def put_chunk(txn: Txn, db: dict, key: bytes, chunk: int, counts: bytes, ids: list[str]) -> None:
+def stored_id_chunk(txn: Txn, db: dict, key: bytes, chunk: int) -> bytes:
+    """Chunk ``chunk``'s ids as stored: UTF-8, joined by ``ID_SEPARATOR`` (b"" when it holds none)."""
+    return _get(txn, db["id_chunks"], numbered_key(key, chunk)) or b""
+
+
+def joined_ids(ids: list[str]) -> bytes:
+    """Ids as a chunk stores them."""
+    return ID_SEPARATOR.join(ids).encode("utf-8")
+
+
+def put_chunk(txn: Txn, db: dict, key: bytes, chunk: int, counts: bytes, ids: bytes) -> None:
+    """A chunk's count records and its ids as stored (:func:`joined_ids`)."""
     txn.put(numbered_key(key, chunk), counts, db=db["counts"])
-    txn.put(numbered_key(key, chunk), ID_SEPARATOR.join(ids).encode("utf-8"), db=db["id_chunks"])
+    txn.put(numbered_key(key, chunk), ids, db=db["id_chunks"])
 
 
 def put_counts(txn: Txn, db: dict, key: bytes, chunk: int, counts: bytes) -> None:
@@ -280,7 +291,7 @@ def copy_log(txn: Txn, db: dict, source_key: bytes, fork_key: bytes, from_seq: i
     for chunk in range((from_seq - 1) // CHUNK_EVENTS + 1):
         kept = min(CHUNK_EVENTS, from_seq - chunk * CHUNK_EVENTS)
         put_chunk(txn, db, fork_key, chunk, count_chunk(txn, db, source_key, chunk)[:kept * fastcore.RECORD_SIZE],
-                  id_chunk(txn, db, source_key, chunk)[:kept])
+                  joined_ids(id_chunk(txn, db, source_key, chunk)[:kept]))
 
 
 # -- the window fed per iteration -------------------------------------------------------------
