@@ -24,6 +24,15 @@ def as_sent(channel: grpc.Channel, request: pb.AssembleContextRequest) -> bytes:
     return channel.unary_unary(ASSEMBLE, request_serializer=pb.AssembleContextRequest.SerializeToString)(request)
 
 
+def afresh(tmp_path: Path, requests: list[pb.AssembleContextRequest]) -> list[bytes]:
+    """The answers a sidecar that keeps none gives, restarted on the folder of the one stopped."""
+    restarted = Sidecar(tmp_path, *KEEPING_NONE)
+    try:
+        return [as_sent(restarted.channel, request) for request in requests]
+    finally:
+        restarted.stop()
+
+
 def requests_for(run_id: str, iterations: range) -> list[pb.AssembleContextRequest]:
     """Each iteration asked for again in each render form; every other one under a tighter cap
     than it was assembled under (its window is then chosen again, and persisted, once)."""
@@ -68,13 +77,9 @@ def test_a_settled_iteration_is_answered_again_as_a_sidecar_that_kept_nothing_an
         after_writes = [as_sent(first.channel, request) for request in requests]
     finally:
         first.stop()
-    restarted = Sidecar(tmp_path, *KEEPING_NONE)
-    try:
-        afresh = [as_sent(restarted.channel, request) for request in requests]
-    finally:
-        restarted.stop()
     assert len({len(answer) for answer in answers}) > 10  # the requests ask for different answers
-    for request, answer, second, third, fresh in zip(requests, answers, again, after_writes, afresh):
+    for request, answer, second, third, fresh in zip(requests, answers, again, after_writes,
+                                                      afresh(tmp_path, requests)):
         assert answer == second == third == fresh, (request.iteration, request.render, request.max_transcript_tokens)
 
 
@@ -112,12 +117,7 @@ def test_a_re_assembly_after_the_run_changed_under_it_answers_for_the_run_as_it_
         after = as_sent(sidecar.channel, request)
     finally:
         sidecar.stop()
-    restarted = Sidecar(tmp_path, *KEEPING_NONE)
-    try:
-        afresh = as_sent(restarted.channel, request)
-    finally:
-        restarted.stop()
-    assert after == afresh
+    assert [after] == afresh(tmp_path, [request])
     assert after != before
 
 
@@ -144,13 +144,8 @@ def test_an_iteration_assembled_again_with_events_and_the_one_after_it_are_answe
         after = [as_sent(sidecar.channel, request) for request in requests]
     finally:
         sidecar.stop()
-    restarted = Sidecar(tmp_path, *KEEPING_NONE)
-    try:
-        afresh = [as_sent(restarted.channel, request) for request in requests]
-    finally:
-        restarted.stop()
     assert before[:3] == before[3:]
-    assert after == afresh
+    assert after == afresh(tmp_path, requests)
     assert after[0] != before[0] and after[2] != before[2]  # the new window, and the report against it
 
 
@@ -201,11 +196,6 @@ def test_the_newest_iteration_again_after_what_its_plan_reads_changed(tmp_path: 
         after = as_sent(sidecar.channel, newest)
     finally:
         sidecar.stop()
-    restarted = Sidecar(tmp_path, *KEEPING_NONE)
-    try:
-        afresh = as_sent(restarted.channel, newest)
-    finally:
-        restarted.stop()
     assert before[0] == before[1]
-    assert after == afresh
+    assert [after] == afresh(tmp_path, [newest])
     assert after != before[0]
