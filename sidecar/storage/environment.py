@@ -26,7 +26,15 @@ from sidecar.errors import StoreFull, WriteConflict
 from sidecar.storage.databases import AREAS, DATABASES, STORAGE_DATABASES
 from sidecar.storage.keys import Db, Txn, sweep
 from sidecar.storage.recording import RecordingTxn, apply
-from sidecar.storage.shared import DATABASES_OF_KIND, Changes, Holding, SharedStore, VersionConflict, prefix_of
+from sidecar.storage.shared import (
+    DATABASES_OF_KIND,
+    Changes,
+    Holding,
+    SharedStore,
+    VersionConflict,
+    prefix_of,
+    unit_of,
+)
 from sidecar.telemetry import metrics
 from sidecar.telemetry.tracing import phase
 
@@ -261,6 +269,11 @@ class Store:
                 self._hold(txn, unit, version)
             return result
         return recorded
+
+    def version_held(self, txn: Txn, db: str, key: bytes) -> int:
+        """The version held here of the unit a record of database ``db`` under ``key`` belongs to:
+        it moves on with every write to the unit, through any sidecar (0 without a shared store)."""
+        return self._held(txn, unit_of(db, key)) if self.shared else 0
 
     def _held(self, txn: Txn, unit: bytes) -> int:
         version = txn.get(unit, db=self._versions)

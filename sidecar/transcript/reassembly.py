@@ -14,8 +14,9 @@ the answer's cache state is the one persisted with the window (a state computed 
 form is measured against the previous window, which a later assembly may replace).
 
 The one write that makes the same records feed otherwise is deleting a summary's artifact
-(DeleteArtifact): it forgets the run's answers. With a shared store, another sidecar may delete
-one unseen, so there nothing is kept (``Reassemblies`` is then not given to the turns).
+(DeleteArtifact): it forgets the run's answers. With a shared store another sidecar may delete
+one, which reaches this sidecar as a load of the run: an answer is then given again only while
+the run's version held here is the one it was built at (any write, through any sidecar, moves it).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class Kept(Generic[Answer]):
     # record and the window before it, as stored then (None for a settled iteration's).
     run: bytes | None = None
     before: bytes | None = None
+    version: int = 0  # with a shared store, the run's version held then (any write moves it)
 
 
 class Reassemblies(Generic[Answer]):

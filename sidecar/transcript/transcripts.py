@@ -98,11 +98,8 @@ class Transcripts:
         self._deps = Deps(self._db, counters, defaults)
         self._redactor = redactor or Redactor()
         self.contexts = contexts or RunContexts(store, counters, defaults, self._redactor)
-        # Another sidecar sharing the store could delete a summary's artifact unseen: no answer is
-        # kept then (see reassembly).
         self._reassemblies: Reassemblies[AssembledContext] | None = (
-            Reassemblies(max_bytes=defaults.reassembly_cache) if defaults.reassembly_cache and not store.shared
-            else None)
+            Reassemblies(max_bytes=defaults.reassembly_cache) if defaults.reassembly_cache else None)
         self._turns = TurnServices(store, self._deps, self.contexts, self._clearing, self._render, HistoryCache(),
                                    ReadBack(), self._reassemblies)
 

@@ -101,7 +101,7 @@ class TurnServices:
     render: RenderSettings
     history: HistoryCache
     reads: ReadBack  # the entries each run's window was last read back with
-    reassemblies: Reassemblies[AssembledContext] | None  # None with a shared store (see reassembly)
+    reassemblies: Reassemblies[AssembledContext] | None  # None: [context] reassembly_cache = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,8 +144,11 @@ class Turn:
             settled = self.iteration < run.last_assembled
             before = None if settled else previous_window_bytes(txn, self._db, self.key, self.iteration)
             memo_key = (self.key, self.iteration, self.max_transcript_tokens, self.render)
+            # With a shared store, the run's version: another sidecar's writes (a summary's artifact
+            # deleted) reach this one as a load, not through this process's calls.
+            version = self._services.store.version_held(txn, "runs", self.key)
             kept = kept_answers.get(memo_key, stored, run.incarnation, layout) if kept_answers else None
-            if kept is not None and kept.budget == budget and \
+            if kept is not None and kept.budget == budget and kept.version == version and \
                     (settled or (kept.run == run_stored and kept.before == before)):
                 return self._given(kept.answer)
             record = WindowRecord.parse(stored)
@@ -160,7 +163,8 @@ class Turn:
                 record.budget == budget:
             kept_answers.keep(memo_key, Kept(stored, run.incarnation, layout, record.budget, answer,
                                              len(stored) + 2 * sum(map(len, answer.window.records))
-                                             + len(answer.rendered), None if settled else run_stored, before))
+                                             + len(answer.rendered), None if settled else run_stored, before,
+                                             version))
         return answer
 
     def assemble(self, events: Sequence[NewEvent], append: Callable[[LogWriter], list[AppendResult]],

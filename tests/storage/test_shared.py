@@ -459,3 +459,27 @@ def test_what_reaches_the_shared_store_is_redacted(pair) -> None:
     assert len(values) > 20
     for clear in (secret, key):
         assert not [value for value in values if clear.encode() in value], f"{clear} reached PostgreSQL"
+
+
+def test_a_kept_re_assembly_sees_a_summary_deleted_through_the_other_sidecar(pair) -> None:
+    """A keeps the answer of a settled iteration that feeds a summary; B deletes the summary's
+    artifact; A's next re-assembly of it fails as B's does, not with the answer A kept."""
+    a, b, _ = pair
+    a.stub.OpenRun(pb.OpenRunRequest(run_id="run", token_counter="o200k_base", summarization_supported=True,
+                                     keep_last_turns=1))
+    for turn in (1, 2, 3):
+        a.stub.AssembleContext(pb.AssembleContextRequest(run_id="run", iteration=turn, append_events=turn_events(turn)))
+    ref = a.stub.RecordSummary(pb.RecordSummaryRequest(
+        run_id="run", iteration=4, summary_text="Turn 1: a search and its result.",
+        replaced_event_ids=[f"{kind}1" for kind in "ucra"])).summary_ref
+    for turn in (4, 5):
+        a.stub.AssembleContext(pb.AssembleContextRequest(run_id="run", iteration=turn, append_events=turn_events(turn)))
+    settled = pb.AssembleContextRequest(run_id="run", iteration=4)
+    kept = [a.stub.AssembleContext(settled) for _ in range(2)]
+    assert kept[0] == kept[1] and ref in kept[0].event_ids
+    b.stub.DeleteArtifact(pb.DeleteArtifactRequest(run_id="run", artifact_id=ref))
+    for sidecar in (b, a):
+        with pytest.raises(grpc.RpcError) as refused:
+            sidecar.stub.AssembleContext(settled)
+        assert rich_error(refused.value)[:2] == (grpc.StatusCode.FAILED_PRECONDITION,
+                                                 "replay_context_summary_unavailable")
