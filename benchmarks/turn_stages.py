@@ -1,0 +1,115 @@
+"""Where a turn's time goes, stage by stage, without a profiler: the turn's own work in a hot loop.
+
+``profile_calls`` says which functions a call spends its time in, inflated by the profiler; this
+times the stages of a turn as they run, with nothing in between: a sidecar's domain is built in
+this process (``Services.open``, real LMDB, o200k counting, a 32k budget), loaded with the
+10,000-event run of ``compare_trees`` through a real server, and then turns of one ~190-token
+event are made directly on the domain (``Transcripts.assemble``, then the wire's encoding of the
+answer), each stage wrapped by a timer. Medians in µs per turn; a stage inside another is counted
+in both. ``--sync`` makes each commit durable (the commit is then most of a turn).
+
+A hot loop is the floor of what Python costs here: under RPC, with other processes between the
+calls, the same work takes about twice as long (benchmarks/floors.py measures the call).
+
+    python -m benchmarks.turn_stages [--turns 1000] [--events 10000] [--sync]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from benchmarks import corpus
+from benchmarks.compare_trees import BUDGET, RUN, load
+from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
+from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
+from sidecar.settings import load_settings
+from sidecar.storage import environment
+from sidecar.transcript import transcripts, turn
+from sidecar.wire import messages, splice
+from sidecar.wire import server as server_module
+
+_samples: dict[str, list[float]] = {}
+
+# (module or class, attribute, stage name): what is timed, outermost first.
+STAGES: tuple[tuple[Any, str, str], ...] = (
+    (transcripts.Transcripts, "_appender", "count the events (outside the write lock)"),
+    (environment.Store, "_write_local", "write transaction, commit included"),
+    (turn.Turn, "_write", "  its work, commit excluded"),
+    (turn.Turn, "_refeed", "    clearing and kept clips"),
+    (turn, "plan", "    choose the window"),
+    (turn.Turn, "_persist", "    persist the window"),
+    (turn, "window_record", "      its record"),
+    (turn, "from_record", "      read it back"),
+    (turn.Turn, "_cache_state", "      the cache report"),
+    (turn.Turn, "_answer", "the answer (sections)"),
+    (splice, "assembled", "its encoding"),
+)
+
+
+def timed(name: str, function: Callable) -> Callable:
+    @functools.wraps(function)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            _samples.setdefault(name, []).append(time.perf_counter() - started)
+    return call
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--turns", type=int, default=1000)
+    parser.add_argument("--events", type=int, default=10_000)
+    parser.add_argument("--sync", action="store_true", help="durable commits, as served by default")
+    args = parser.parse_args()
+    for owner, attribute, name in STAGES:
+        setattr(owner, attribute, timed(name, getattr(owner, attribute)))
+    with tempfile.TemporaryDirectory(prefix="sidecar-stages-") as tmp:
+        settings = load_settings(env={}, overrides={
+            ("storage", "path"): str(Path(tmp) / "lmdb"), ("server", "listen"): "127.0.0.1:0",
+            ("storage", "sync"): args.sync, ("context", "token_counter"): "o200k_base",
+            ("context", "transcript_token_budget"): BUDGET})
+        services = server_module.Services.open(settings)
+        server, port, health = server_module.build_server(settings, services)
+        server_module.start(server, health)
+        channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        try:
+            iteration = load(pb_grpc.ContextSidecarStub(channel), args.events)
+            contents = corpus.contents(512, seed=7)
+            whole: list[float] = []
+            for number in range(args.turns + 100):  # the first 100 warm the caches and are not counted
+                iteration += 1
+                event = messages.new_event_from(pb.Event(event_id=f"stage-{iteration}", role="user",
+                                                         content=contents[iteration % len(contents)]))
+                started = time.perf_counter()
+                assembly, appended = services.transcripts.assemble("default", RUN, iteration, [event], BUDGET)
+                splice.assembled(assembly, appended)
+                whole.append(time.perf_counter() - started)
+                if number == 99:
+                    _samples.clear()
+                    whole.clear()
+        finally:
+            channel.close()
+            server.stop(None).wait()
+            services.close()
+    print(f"{args.turns} turns of one event on a {args.events:,}-event run, 32k budget, "
+          f"sync {'on' if args.sync else 'off'}; median µs per turn\n")
+    print(f"{'the whole turn':<46} {statistics.median(whole) * 1e6:8.1f}")
+    for _, _, name in STAGES:
+        samples = _samples.get(name, [])
+        if samples:
+            print(f"{name:<46} {statistics.median(samples) * 1e6:8.1f}  ({len(samples) / args.turns:.1f} a turn)")
+
+
+if __name__ == "__main__":
+    main()
