@@ -113,12 +113,18 @@ def load_json(data: bytes) -> dict:
 # same; these records hold none.) Other records, and any JSON a host sent, stay with json: orjson
 # reads an integer beyond 64 bits as a float.
 
-def dump_plain_json(value: dict) -> bytes:
+_IN_ORDER_JSON = json.JSONEncoder(separators=(",", ":"))
+
+
+def dump_plain_json(value: dict, sort_keys: bool = True) -> bytes:
+    """``sort_keys`` False: the keys in the dict's order (a payload whose order is specified)."""
     try:
-        data = orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+        data = orjson.dumps(value, option=orjson.OPT_SORT_KEYS if sort_keys else None)
+        if data.isascii() and b"\x7f" not in data:
+            return data
     except TypeError:  # an integer beyond 64 bits, a lone surrogate
-        return dump_json(value)
-    return data if data.isascii() and b"\x7f" not in data else dump_json(value)
+        pass
+    return (_RECORD_JSON if sort_keys else _IN_ORDER_JSON).encode(value).encode("utf-8")
 
 
 def load_plain_json(data: bytes) -> dict:

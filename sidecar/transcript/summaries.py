@@ -20,15 +20,12 @@ first byte ``{``) are still read: their stack's second-newest member is their ``
 from __future__ import annotations
 
 import hashlib
-import json
 import struct
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import islice
-
-import orjson
 
 import fastcore
 from sidecar.context_window.profiles import ProfileCache
@@ -255,21 +252,12 @@ def _unavailable(ref: str) -> SummaryUnavailable:
                               metadata={"summary_ref": ref})
 
 
-_PAYLOAD_JSON = json.JSONEncoder(separators=(",", ":"))  # made once: json.dumps with options makes one a call
-
-
 def summarized_payload(summary: Summary, token_counter: str) -> str:
-    """The ``context.summarized`` payload, exactly RFC 0111's fields, in its order. orjson writes
-    it as json does while it is ASCII and holds no DEL (ids hold no control character, which the
-    two escape differently); else json writes it, escaping as it always did."""
-    payload = {"iteration": summary.iteration, "replacedTurns": summary.replaced_turns, "summaryRef": summary.ref,
-               "tokenCounter": token_counter, "tokensBefore": summary.tokens_before,
-               "tokensAfter": summary.tokens_after}
-    try:
-        data = orjson.dumps(payload)
-    except TypeError:  # a lone surrogate
-        return _PAYLOAD_JSON.encode(payload)
-    return data.decode("ascii") if data.isascii() and b"\x7f" not in data else _PAYLOAD_JSON.encode(payload)
+    """The ``context.summarized`` payload, exactly RFC 0111's fields, in its order."""
+    return dump_plain_json({"iteration": summary.iteration, "replacedTurns": summary.replaced_turns,
+                            "summaryRef": summary.ref, "tokenCounter": token_counter,
+                            "tokensBefore": summary.tokens_before, "tokensAfter": summary.tokens_after},
+                           sort_keys=False).decode("ascii")
 
 
 def write_summary(writer: LogWriter, summary: Summary, text: str, role: str, token_counter: str,

@@ -40,3 +40,9 @@ def test_what_only_json_writes_still_reads() -> None:
     stored = json.dumps({"nan": math.nan, "inf": math.inf}).encode()
     read = load_plain_json(stored)
     assert math.isnan(read["nan"]) and read["inf"] == math.inf
+
+
+@pytest.mark.parametrize("value", RECORDS[:3])
+def test_a_payload_in_its_own_key_order_is_jsons_too(value: dict) -> None:
+    reordered = dict(reversed(list(value.items())))
+    assert dump_plain_json(reordered, sort_keys=False) == json.dumps(reordered, separators=(",", ":")).encode()
