@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from typing import Any
 
 from sidecar.errors import SharedStoreUnavailable
@@ -150,6 +150,15 @@ class SharedStore:
             self.reachable = False
             raise SharedStoreUnavailable(f"the shared store did not answer: {type(error).__name__}") from None
 
+    @contextmanager
+    def _transaction(self, holding: Holding | None, read_only: bool = False) -> Iterator[Any]:
+        """A connection in a transaction: the one holding units (it ends there), or a new one."""
+        if holding is not None:
+            yield holding.conn
+            return
+        with self._connection(read_only) as conn, conn.transaction():
+            yield conn
+
     def _prepare(self) -> str:
         """Create or migrate the tables; refuse a schema newer than this sidecar knows. Returns the
         store's id, which the local index keeps so that it never serves another store's copy."""
@@ -200,12 +209,7 @@ class SharedStore:
         """A unit's version and its records written after version ``since`` (value None: deleted),
         from one snapshot; ``since`` 0: every record there is. (0 and none: no such unit.)
         ``holding``: read in the transaction holding the unit (nothing else can write it)."""
-        with ExitStack() as stack:
-            if holding is None:
-                conn = stack.enter_context(self._connection(read_only=True))
-                stack.enter_context(conn.transaction())
-            else:
-                conn = holding.conn
+        with self._transaction(holding, read_only=True) as conn:
             return self._load(conn, unit, since)
 
     @staticmethod
@@ -259,12 +263,7 @@ class SharedStore:
         # One statement for every record of the call; a delete is written as a NULL value.
         rows = [(unit, db, key, value, versions[unit])
                 for unit, records in changes.items() for db, key, value in records]
-        with ExitStack() as stack:
-            if holding is None:
-                conn = stack.enter_context(self._connection())
-                stack.enter_context(conn.transaction())
-            else:
-                conn = holding.conn
+        with self._transaction(holding) as conn:
             with conn.pipeline():
                 moves = []
                 for unit in versions:
