@@ -21,10 +21,10 @@ the run's version held here is the one it was built at (any write, through any s
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Generic, TypeVar
+
+from sidecar.transcript.bounded import BoundedCache
 
 Answer = TypeVar("Answer")
 
@@ -53,37 +53,18 @@ class Reassemblies(Generic[Answer]):
     """Answers by (run key, iteration, max_transcript_tokens, render), with what makes them valid."""
 
     def __init__(self, max_bytes: int, max_entries: int = MAX_ENTRIES) -> None:
-        self._entries: OrderedDict[tuple, Kept[Answer]] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-        self._max_entries, self._max_bytes = max_entries, max_bytes
+        self._kept: BoundedCache[tuple, Kept[Answer]] = BoundedCache(max_bytes, max_entries)
 
     def get(self, key: tuple, stored: bytes, incarnation: str, layout: object) -> Kept[Answer] | None:
         """The answer kept for ``key`` if it was built from this record, incarnation and layout."""
-        with self._lock:
-            kept = self._entries.get(key)
-            if kept is None:
-                return None
-            self._entries.move_to_end(key)
-        if kept.stored != stored or kept.incarnation != incarnation or kept.layout != layout:
+        kept = self._kept.get(key)
+        if kept is None or kept.stored != stored or kept.incarnation != incarnation or kept.layout != layout:
             return None
         return kept
 
     def keep(self, key: tuple, kept: Kept[Answer]) -> None:
-        if kept.size > self._max_bytes:
-            return
-        with self._lock:
-            replaced = self._entries.pop(key, None)
-            if replaced is not None:
-                self._bytes -= replaced.size
-            self._entries[key] = kept
-            self._bytes += kept.size
-            while len(self._entries) > self._max_entries or self._bytes > self._max_bytes:
-                _, oldest = self._entries.popitem(last=False)
-                self._bytes -= oldest.size
+        self._kept.put(key, kept, kept.size)
 
     def forget(self, run_key: bytes) -> None:
         """Drop every answer of the run under ``run_key`` (the first part of each key)."""
-        with self._lock:
-            for key in [key for key in self._entries if key[0] == run_key]:
-                self._bytes -= self._entries.pop(key).size
+        self._kept.drop(lambda key: key[0] == run_key)

@@ -8,9 +8,7 @@ for every event below their floor. What was fed is persisted per iteration, so t
 
 from __future__ import annotations
 
-import threading
 from bisect import bisect_left
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from itertools import chain
 
@@ -21,6 +19,7 @@ from sidecar.storage.keys import Txn
 from sidecar.telemetry.tracing import phase
 from sidecar.text.counting import TokenCounter
 from sidecar.text.fencing import split_block
+from sidecar.transcript.bounded import BoundedCache
 from sidecar.transcript.log import log_entries_before, prefix_end
 from sidecar.transcript.runs import Deps, Run, require_run
 from sidecar.transcript.schema import (
@@ -331,16 +330,12 @@ class ReadBack:
 
     def __init__(self, max_bytes: int = 32 << 20) -> None:
         # run key -> (incarnation, start, records, ids, their bytes)
-        self._runs: OrderedDict[bytes, tuple[str, int, list[bytes], list[str], int]] = OrderedDict()
-        self._bytes = 0
-        self._max_bytes = max_bytes
-        self._lock = threading.Lock()
+        self._runs: BoundedCache[bytes, tuple[str, int, list[bytes], list[str], int]] = BoundedCache(max_bytes)
 
     def read(self, txn: Txn, db: dict, key: bytes, incarnation: str, start: int,
              end: int) -> tuple[list[bytes], list[str]]:
         """The records and ids of entries ``[start, end)``."""
-        with self._lock:
-            last = self._runs.get(key)
+        last = self._runs.get(key)
         if last is None or last[0] != incarnation or last[1] != start:
             records, ids = read_records(txn, db, key, start, end), read_ids(txn, db, key, start, end)
             size = sum(map(len, records))
@@ -351,12 +346,7 @@ class ReadBack:
                 return records[:end - start], ids[:end - start]
             more = read_records(txn, db, key, held, end)
             records, ids, size = records + more, ids + read_ids(txn, db, key, held, end), size + sum(map(len, more))
-        with self._lock:
-            replaced = self._runs.pop(key, None)
-            self._bytes += size - (replaced[4] if replaced else 0)
-            self._runs[key] = (incarnation, start, records, ids, size)
-            while self._bytes > self._max_bytes and self._runs:
-                self._bytes -= self._runs.popitem(last=False)[1][4]
+        self._runs.put(key, (incarnation, start, records, ids, size), size)
         return records, ids
 
 
