@@ -202,7 +202,7 @@ def test_the_newest_iteration_again_after_what_its_plan_reads_changed(tmp_path: 
     assert after != before[0]
 
 
-def test_what_is_kept_stays_within_its_bounds_and_the_oldest_goes_first():
+def test_what_is_kept_stays_within_its_bounds_and_the_least_recently_used_goes_first():
     kept = Reassemblies[str](max_bytes=1000, max_entries=3)
 
     def keep(name: str, size: int) -> None:
@@ -220,3 +220,8 @@ def test_what_is_kept_stays_within_its_bounds_and_the_oldest_goes_first():
     assert held() == ["d", "e"]
     kept.forget(b"run")
     assert held() == []
+    for name in "abc":
+        keep(name, 100)
+    assert kept.get((b"run", "a"), b"record", "incarnation", "layout")  # a is now the most recently used
+    keep("d", 100)
+    assert held() == ["a", "c", "d"]  # b, the least recently used, went
