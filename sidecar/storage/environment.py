@@ -11,14 +11,16 @@ first, and :meth:`Store.current` loads what another sidecar changed before a cal
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import os
 import random
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import TypeVar, cast
+from typing import TypeVar, cast, overload
 
 import lmdb
 
@@ -40,6 +42,7 @@ from sidecar.telemetry.tracing import phase
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+U = TypeVar("U")
 
 # What LMDB raises when it cannot open or use the store (a bad path, a lock, a corrupt file): the
 # command line reports it without importing lmdb.
@@ -124,6 +127,9 @@ class Store:
         self.db = {name.decode(): self.env.open_db(name) for name in DATABASES}
         self.shared = shared
         self._names = {handle: name for name, handle in self.db.items()}
+        # Where a write's ``then`` runs while its commit waits on the disk: one thread, as writes
+        # are one at a time. Without sync a commit is too short to hide anything behind.
+        self._while_syncing = ThreadPoolExecutor(1, "sidecar-while-syncing") if sync else None
         self._versions = self.env.open_db(b"shared_versions")
         if shared:
             self._hold_store(shared.store_id)
@@ -160,6 +166,8 @@ class Store:
                 txn.put(_STORE_ID, store_id.encode(), db=self._versions)
 
     def close(self) -> None:
+        if self._while_syncing is not None:
+            self._while_syncing.shutdown()
         self.env.close()
         if self.shared:
             self.shared.close()
@@ -170,26 +178,40 @@ class Store:
         with self._gate.shared(), self.env.begin() as txn:
             yield txn
 
-    def write(self, work: Callable[[Txn], T], frees_space: bool = False) -> T:
+    @overload
+    def write(self, work: Callable[[Txn], T], frees_space: bool = False) -> T: ...
+
+    @overload
+    def write(self, work: Callable[[Txn], T], frees_space: bool = False, *, then: Callable[[T], U]) -> U: ...
+
+    def write(self, work: Callable[[Txn], T], frees_space: bool = False, *,
+              then: Callable[[T], U] | None = None) -> T | U:
         """Run ``work(txn)`` in one write transaction and commit; it may run twice if the map grows.
 
         ``frees_space``: the write deletes (DeleteRun, DeleteArtifact, DeleteMemory). Only such
         writes may use the last ``DELETE_HEADROOM`` of ``max_map_size``: a delete needs a few free
         pages to free many (copy-on-write, the freelist), so a store that other writes filled can
-        always be emptied through the API."""
+        always be emptied through the API.
+
+        ``then``: what the caller makes of ``work``'s result (its answer), returned in its place.
+        With sync on it is made while the commit waits on the disk, on another thread (the commit
+        lets go of the GIL), and returned once the commit is durable: so it must not touch the
+        store, only the values ``work`` returned. If the commit fails it is thrown away."""
         ceiling = self._ceiling(frees_space)
         if self.shared:
-            return self._write_shared(work, ceiling)
+            return self._write_shared(work, ceiling, then)
         # One writer at a time: LMDB serialises writers anyway, and holding our own lock while
         # waiting keeps the gate free for a resize.
         with self._write_lock:
-            return self._write_local(work, ceiling)
+            return self._write_local(work, ceiling, then)
 
-    def _write_local(self, work: Callable[[Txn], T], ceiling: int) -> T:
-        """Run ``work`` in one LMDB write transaction and commit it, growing the map as needed."""
+    def _write_local(self, work: Callable[[Txn], T], ceiling: int, then: Callable[[T], U] | None = None) -> T | U:
+        """Run ``work`` in one LMDB write transaction and commit it, growing the map as needed,
+        and ``then`` on its result (while the commit syncs, when it does)."""
         self._keep_headroom(ceiling)
         while True:
             held, committed = metrics.transaction_begins(), False  # what work records counts once committed
+            answer: Future[U] | None = None
             try:
                 self._gate.enter()
                 try:
@@ -199,6 +221,9 @@ class Store:
                     except BaseException:
                         txn.abort()
                         raise
+                    if then is not None and self._while_syncing is not None:
+                        # In the caller's context, so that its trace's spans take what ``then`` records.
+                        answer = self._while_syncing.submit(contextvars.copy_context().run, then, result)
                     with phase("commit"):  # the pages written, and synced unless [storage] sync is off
                         txn.commit()
                 finally:
@@ -212,11 +237,13 @@ class Store:
             finally:
                 metrics.transaction_ends(held, committed)
             self._grow(ceiling, required=False)
-            return result
+            if answer is not None:
+                return answer.result()
+            return then(result) if then is not None else result
 
     # The shared store. A unit's version held here is in shared_versions under the unit's id.
 
-    def _write_shared(self, work: Callable[[Txn], T], ceiling: int) -> T:
+    def _write_shared(self, work: Callable[[Txn], T], ceiling: int, then: Callable[[T], U] | None) -> T | U:
         """``work`` on LMDB through a recording transaction; what it wrote committed to the shared
         store, moving each written unit on from the version held here; then LMDB. A unit another
         sidecar moved on meanwhile is loaded afresh and the work run again, from then on holding
@@ -230,11 +257,11 @@ class Store:
             with self._write_lock:
                 try:
                     if not lost:
-                        return self._write_local(self._recorded(work), ceiling)
+                        return self._write_local(self._recorded(work), ceiling, then)
                     with self.shared.holding(lost) as holding:
                         for unit in lost:
                             self._load(unit, ceiling, holding)
-                        return self._write_local(self._recorded(work, holding), ceiling)
+                        return self._write_local(self._recorded(work, holding), ceiling, then)
                 except VersionConflict as conflict:  # nothing was written; the next attempt loads them
                     lost = tuple(sorted(set(lost) | set(conflict.units)))
         raise WriteConflict("other sidecars kept writing the same run or memory ref; nothing was written, "

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar, overload
 
 from sidecar.context_window import sections
 from sidecar.context_window.profiles import Profile, Task
@@ -69,6 +69,8 @@ from sidecar.transcript.summaries import (
 from sidecar.transcript.turn import AssembledContext, Turn, TurnServices
 from sidecar.transcript.window import ReadBack, TranscriptWindow, from_record
 from sidecar.validation import check_at_least, check_id, page_size, page_within_bytes
+
+R = TypeVar("R")  # what a writing call's caller makes of its result (``respond``)
 
 __all__ = ["AppendResult", "AssembledContext", "CompactionRecord", "NewEvent", "RunSettings", "Section", "Summary",
            "SummaryRequest", "TranscriptWindow", "Transcripts"]
@@ -167,9 +169,19 @@ class Transcripts:
 
     # -- events -------------------------------------------------------------------------------
 
+    @overload
     def append_events(self, tenant: str, run_id: str, events: Sequence[NewEvent],
-                      deadline: Deadline = NO_DEADLINE) -> list[AppendResult]:
-        """Append ``events`` in one transaction: all of them or none (none once ``deadline`` passed)."""
+                      deadline: Deadline = NO_DEADLINE) -> list[AppendResult]: ...
+
+    @overload
+    def append_events(self, tenant: str, run_id: str, events: Sequence[NewEvent], deadline: Deadline = NO_DEADLINE,
+                      *, respond: Callable[[list[AppendResult]], R]) -> R: ...
+
+    def append_events(self, tenant: str, run_id: str, events: Sequence[NewEvent], deadline: Deadline = NO_DEADLINE,
+                      *, respond: Callable[[list[AppendResult]], R] | None = None) -> list[AppendResult] | R:
+        """Append ``events`` in one transaction: all of them or none (none once ``deadline`` passed).
+        ``respond``: what the caller makes of the results, made while the commit syncs
+        (``Store.write``'s ``then``) and returned in their place."""
         key = run_key(tenant, run_id)
         if not events:
             raise ValidationError.field("events", "at least one event is required")
@@ -184,7 +196,9 @@ class Transcripts:
             writer.flush()
             return results
 
-        return self._store.write(write)
+        if respond is None:
+            return self._store.write(write)
+        return self._store.write(write, then=respond)
 
     def _new_run(self) -> Run:
         return Run(default_settings(self._deps.defaults))
@@ -229,12 +243,28 @@ class Transcripts:
 
     # -- the per-turn window ------------------------------------------------------------------
 
+    @overload
     def assemble(self, tenant: str, run_id: str, iteration: int, new_events: Sequence[NewEvent] = (),
                  max_transcript_tokens: int | None = None, render: str = "",
-                 deadline: Deadline = NO_DEADLINE) -> tuple[AssembledContext, list[AppendResult]]:
+                 deadline: Deadline = NO_DEADLINE) -> tuple[AssembledContext, list[AppendResult]]: ...
+
+    @overload
+    def assemble(self, tenant: str, run_id: str, iteration: int, new_events: Sequence[NewEvent] = (),
+                 max_transcript_tokens: int | None = None, render: str = "", deadline: Deadline = NO_DEADLINE, *,
+                 respond: Callable[[AssembledContext, list[AppendResult]], R]) -> R: ...
+
+    def assemble(self, tenant: str, run_id: str, iteration: int, new_events: Sequence[NewEvent] = (),
+                 max_transcript_tokens: int | None = None, render: str = "", deadline: Deadline = NO_DEADLINE, *,
+                 respond: Callable[[AssembledContext, list[AppendResult]], R] | None = None,
+                 ) -> tuple[AssembledContext, list[AppendResult]] | R:
         """Append this turn's events, choose and persist the window for ``iteration`` and decide
         compaction: one transaction (none once ``deadline`` passed). ``render``: also the provider
-        request body. The turn itself is ``turn.Turn``."""
+        request body. The turn itself is ``turn.Turn``. ``respond``: what the caller makes of the
+        answer and the appended events' results, returned in their place; a turn makes it while
+        its commit syncs."""
+        if respond is None:
+            return self.assemble(tenant, run_id, iteration, new_events, max_transcript_tokens, render, deadline,
+                                 respond=_pair)
         key = run_key(tenant, run_id)
         check_at_least("iteration", iteration, 1)
         if max_transcript_tokens is not None:
@@ -249,9 +279,9 @@ class Transcripts:
             # Re-assembling an iteration whose window is persisted and unchanged writes nothing.
             assembled = turn.as_persisted()
             if assembled is not None:
-                return assembled, []
+                return respond(assembled, [])
         deadline.check("while the events were redacted")
-        return turn.assemble(events, self._appender(key, events, "append_events", deadline), deadline)
+        return turn.assemble(events, self._appender(key, events, "append_events", deadline), deadline, respond)
 
     def transcript_window(self, tenant: str, run_id: str, iteration: int) -> TranscriptWindow:
         """What AssembleContext fed for ``iteration`` (RFC 0111's transcript-window seam)."""
@@ -266,10 +296,20 @@ class Transcripts:
 
     # -- summaries ----------------------------------------------------------------------------
 
+    @overload
     def record_summary(self, tenant: str, run_id: str,
-                       request: SummaryRequest) -> tuple[Summary, StoredEvent, bool]:
+                       request: SummaryRequest) -> tuple[Summary, StoredEvent, bool]: ...
+
+    @overload
+    def record_summary(self, tenant: str, run_id: str, request: SummaryRequest, *,
+                       respond: Callable[[tuple[Summary, StoredEvent, bool]], R]) -> R: ...
+
+    def record_summary(self, tenant: str, run_id: str, request: SummaryRequest, *,
+                       respond: Callable[[tuple[Summary, StoredEvent, bool]], R] | None = None,
+                       ) -> tuple[Summary, StoredEvent, bool] | R:
         """Record the host's summary of the oldest unsummarised turns; see ``summaries``.
-        Returns (summary, its context.summarized entry, whether this call recorded it)."""
+        Returns (summary, its context.summarized entry, whether this call recorded it), or what
+        ``respond`` makes of that while the commit syncs."""
         key = run_key(tenant, run_id)
         request = request.with_text(self._redactor.redact(tenant, run_id, request.text).text)
 
@@ -283,7 +323,9 @@ class Transcripts:
             writer.flush()
             return result
 
-        return self._store.write(write)
+        if respond is None:
+            return self._store.write(write)
+        return self._store.write(write, then=respond)
 
     def get_artifact(self, tenant: str, run_id: str, artifact_id: str) -> StoredEvent:
         """A summary artifact: the summary entry, its text in ``content``."""
@@ -355,3 +397,6 @@ class Transcripts:
                 counts.append(counter.count(text))
         return counter.name, counts
 
+
+def _pair(assembled: AssembledContext, appended: list[AppendResult]) -> tuple[AssembledContext, list[AppendResult]]:
+    return assembled, appended

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from sidecar.context_window import sections
 from sidecar.context_window.policy import HistoryEvent, SummariseInput, SummariseResult, TriggerInput
@@ -68,6 +69,8 @@ from sidecar.transcript.window import (
     plan,
     window_record,
 )
+
+R = TypeVar("R")  # what the caller makes of a turn's answer
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,11 +171,16 @@ class Turn:
         return answer
 
     def assemble(self, events: Sequence[NewEvent], append: Callable[[LogWriter], list[AppendResult]],
-                 deadline: Deadline) -> tuple[AssembledContext, list[AppendResult]]:
+                 deadline: Deadline, respond: Callable[[AssembledContext, list[AppendResult]], R]) -> R:
         """Append ``events`` (with ``append``, which counted them), choose and persist the window
-        and decide compaction: one transaction (none once ``deadline`` passed)."""
-        fed, appended = self._services.store.write(lambda txn: self._write(txn, events, append, deadline))
-        return self._answer(fed), appended
+        and decide compaction: one transaction (none once ``deadline`` passed). The answer, and
+        what ``respond`` makes of it, are built while the commit syncs: from the values the
+        transaction chose, never from the store."""
+        def answer(written: tuple[Fed, list[AppendResult]]) -> R:
+            fed, appended = written
+            return respond(self._answer(fed), appended)
+
+        return self._services.store.write(lambda txn: self._write(txn, events, append, deadline), then=answer)
 
     # -- in the turn's transaction ---------------------------------------------------------------
 

@@ -23,7 +23,14 @@ from sidecar.context_window.state import Usage
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.storage.codec import StoredEvent
 from sidecar.tenant_events.log import Event
-from sidecar.transcript.transcripts import AgentStateView, AppendResult, CompactionRecord, NewEvent, RunSettings
+from sidecar.transcript.transcripts import (
+    AgentStateView,
+    AppendResult,
+    CompactionRecord,
+    NewEvent,
+    RunSettings,
+    Summary,
+)
 from sidecar.transcript.window import TranscriptWindow
 
 
@@ -145,6 +152,12 @@ def compaction_record_to(record: CompactionRecord) -> pb.CompactionRecord:
         removed_event_ids=record.removed_event_ids, summary_ref=record.summary_ref, tokens_before=record.tokens_before,
         tokens_after=record.tokens_after, recorded_at=timestamp(record.recorded_ms),
         summarised_by=record.summarised_by, seq=record.seq, kind=record.kind)
+
+
+def recorded_summary_to(recorded: tuple[Summary, StoredEvent, bool]) -> pb.RecordSummaryResponse:
+    summary, entry, created = recorded
+    return pb.RecordSummaryResponse(summary_ref=summary.ref, tokens_before=summary.tokens_before,
+                                    tokens_after=summary.tokens_after, event=stored_event_to(entry), created=created)
 
 
 def stored_event_to(event: StoredEvent) -> pb.StoredEvent:

@@ -61,10 +61,10 @@ class ContextSidecarServicer(pb_grpc.ContextSidecarServicer):
 
     @answers_errors
     def AppendEvents(self, request: pb.AppendEventsRequest, context: grpc.ServicerContext) -> pb.AppendEventsResponse:
-        results = self._transcripts.append_events(
+        return self._transcripts.append_events(
             self._tenant(context), request.run_id, [messages.new_event_from(e) for e in request.events],
-            deadline_of(context))
-        return pb.AppendEventsResponse(results=messages.appended_to(results))
+            deadline_of(context),
+            respond=lambda results: pb.AppendEventsResponse(results=messages.appended_to(results)))
 
     @answers_errors
     def ListRunEvents(self, request: pb.ListRunEventsRequest,
@@ -75,11 +75,11 @@ class ContextSidecarServicer(pb_grpc.ContextSidecarServicer):
 
     @answers_errors
     def AssembleContext(self, request: pb.AssembleContextRequest, context: grpc.ServicerContext) -> Encoded:
-        assembly, appended = self._transcripts.assemble(
+        return self._transcripts.assemble(
             self._tenant(context), request.run_id, request.iteration,
             [messages.new_event_from(e) for e in request.append_events],
-            messages.optional(request, "max_transcript_tokens"), request.render, deadline_of(context))
-        return splice.assembled(assembly, appended)
+            messages.optional(request, "max_transcript_tokens"), request.render, deadline_of(context),
+            respond=splice.assembled)
 
     @answers_errors
     def GetTranscriptWindow(self, request: pb.GetTranscriptWindowRequest,
@@ -96,13 +96,10 @@ class ContextSidecarServicer(pb_grpc.ContextSidecarServicer):
     @answers_errors
     def RecordSummary(self, request: pb.RecordSummaryRequest,
                       context: grpc.ServicerContext) -> pb.RecordSummaryResponse:
-        summary, entry, created = self._transcripts.record_summary(
+        return self._transcripts.record_summary(
             self._tenant(context), request.run_id,
             SummaryRequest(request.iteration, tuple(request.replaced_event_ids), request.summary_text, request.strategy,
-                           messages.optional(request, "host_token_count")))
-        return pb.RecordSummaryResponse(summary_ref=summary.ref, tokens_before=summary.tokens_before,
-                                        tokens_after=summary.tokens_after, event=messages.stored_event_to(entry),
-                                        created=created)
+                           messages.optional(request, "host_token_count")), respond=messages.recorded_summary_to)
 
     @answers_errors
     def GetArtifact(self, request: pb.GetArtifactRequest, context: grpc.ServicerContext) -> pb.GetArtifactResponse:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextvars
+import threading
 from pathlib import Path
 
 import pytest
@@ -70,6 +72,72 @@ def test_reopening_keeps_what_was_committed(tmp_path: Path, counters) -> None:
     events, _ = Transcripts(reopened, counters, ContextSettings()).list_events(TENANT, "run")
     assert [e.content for e in events] == ["persisted"]
     reopened.close()
+
+
+def _answered(store: Store, key: bytes, then) -> object:
+    handle = store.db["runs"]
+
+    def work(txn) -> bytes:
+        txn.put(key, b"value", db=handle)
+        return key
+
+    return store.write(work, then=then)
+
+
+def _stored(store: Store, key: bytes) -> bytes | None:
+    with store.read() as txn:
+        return txn.get(key, db=store.db["runs"])
+
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_a_writes_answer_is_made_from_its_result_while_a_synced_commit_waits(tmp_path: Path, sync: bool) -> None:
+    """With sync on, ``then`` runs on the store's own thread (during the commit, which lets go of
+    the GIL), in the caller's context; without sync, after the commit on the caller's thread.
+    Either way the call gives its answer with the write committed."""
+    store = Store(str(tmp_path / "db"), map_size=1 << 20, sync=sync)
+    request = contextvars.ContextVar("request")
+    request.set("the caller's")
+    seen = []
+
+    def then(key: bytes) -> str:
+        seen.append((threading.current_thread() is threading.main_thread(), request.get(None)))
+        return f"answer for {key.decode()}"
+
+    assert _answered(store, b"k", then) == "answer for k"
+    assert _stored(store, b"k") == b"value"
+    assert seen == [(not sync, "the caller's")]
+    store.close()
+
+
+def test_an_answer_that_fails_leaves_its_write_committed_and_says_why(tmp_path: Path) -> None:
+    """The answer is made after the write's work (and while it commits): failing, it cannot undo
+    the write, so the write stays, and the caller gets the error instead of an answer."""
+    store = Store(str(tmp_path / "db"), map_size=1 << 20, sync=True)
+
+    def then(key: bytes) -> str:
+        raise ValueError(f"no answer for {key.decode()}")
+
+    with pytest.raises(ValueError, match="no answer for k"):
+        _answered(store, b"k", then)
+    assert _stored(store, b"k") == b"value"
+    answered = []
+    assert _answered(store, b"k2", lambda key: answered.append(key) or "next") == "next"
+    assert answered == [b"k2"]  # the store's thread is still there for the next write
+    store.close()
+
+
+def test_a_write_run_again_as_the_map_grows_is_answered_once_from_its_last_run(tmp_path: Path) -> None:
+    store = Store(str(tmp_path / "db"), map_size=1 << 20, sync=True)
+    handle, runs, answers = store.db["runs"], [], []
+
+    def work(txn) -> int:
+        runs.append(len(runs))
+        txn.put(b"big", b"x" * (3 << 20), db=handle)  # past the whole map: MDB_MAP_FULL, grown, run again
+        return runs[-1]
+
+    last = store.write(work, then=lambda run: answers.append(run) or run)
+    assert len(runs) >= 2 and answers == [last] == [runs[-1]]
+    store.close()
 
 
 def test_tenant_scopes_are_disjoint() -> None:
