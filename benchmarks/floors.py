@@ -76,10 +76,7 @@ from sidecar.wire.server import SERVICE_NAME
 
 FLAGS = ["--token-counter", "o200k_base", "--transcript-token-budget", str(compare_trees.BUDGET)]
 SMALL_BUDGET = 8000
-STACKED = 50
-APPENDED = 100  # events per AppendEvents
-APPENDS_RUN = "appends"
-WARMUP = 20  # interleaved's warm-up calls of each
+STACKED, APPENDED, WARMUP = compare_trees.STACKED, compare_trees.APPENDED, compare_trees.WARMUP
 CALIBRATION = 10  # calls of each writing call to measure the bytes it writes
 # A put into the floor's small environment writes its value's overflow pages (a 16-byte page
 # header, then the value) and two pages more: its leaf and the meta page.
@@ -133,13 +130,6 @@ def load_memory(storage: Path, entries: int) -> float:
         return memory.load(pb_grpc.ContextSidecarStub(channel), entries)
 
 
-def append_requests(texts: list[str], count: int) -> Iterator[pb.AppendEventsRequest]:
-    """``count`` AppendEvents of ``texts`` each, built before the rounds: a batch a new iteration."""
-    return iter([pb.AppendEventsRequest(run_id=APPENDS_RUN, events=[
-        pb.Event(event_id=f"b{batch}-{i}", iteration=batch, role="user" if i % 2 else "assistant", type="message",
-                 content=text) for i, text in enumerate(texts)]) for batch in range(1, count + 1)])
-
-
 def load_sidecar(channel: grpc.Channel, client: Client, events: int, rounds: int) -> Sidecar:
     """Load the runs into the sidecar (the memory ref is there already) and persist the windows
     the rounds re-assemble."""
@@ -154,7 +144,7 @@ def load_sidecar(channel: grpc.Channel, client: Client, events: int, rounds: int
     stacked_answer = stub.AssembleContext(pinned)
     stacked = summaries.writing_calls(stub, state, corpus.contents(rounds + 64, seed=11))
     texts = corpus.contents(APPENDED, seed=13)
-    appends = append_requests(texts, WARMUP + rounds)
+    appends = compare_trees.append_requests(texts, WARMUP + rounds)
     recency = pb.ListMemoryRequest(memory_ref=memory.REF, token_budget=memory.BUDGET)
     relevance = pb.ListMemoryRequest(memory_ref=memory.REF, token_budget=memory.BUDGET, rank="relevance",
                                      query=memory.QUERY)
