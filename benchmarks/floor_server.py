@@ -9,12 +9,17 @@ would pay for the same answer or the same write:
 - ``--commit METHOD=BYTES``: METHOD makes one durable LMDB commit (py-lmdb, sync and metasync on,
   as the sidecar's store opens it) of one put of BYTES bytes under a new key, into an environment
   in ``--store``, and answers an empty message;
+- ``--turn METHOD=BYTES:FILE``: all a turn cannot skip, in one handler: it reads the request
+  (an AssembleContextRequest), counts each appended event's content with tiktoken o200k_base
+  (``encode_ordinary``, as the sidecar counts), makes the commit of ``--commit``, and answers the
+  bytes of FILE;
 - the health service, so its own bare RPC can be set beside the sidecar's.
 
 Every METHOD is registered under ``contextsidecar.v1.ContextSidecar``. It prints ``floor server
 serving on HOST:PORT`` once it serves, and stops on SIGTERM or SIGINT.
 
     python -m benchmarks.floor_server --store DIR [--answer METHOD=FILE ...] [--commit METHOD=BYTES ...]
+        [--turn METHOD=BYTES:FILE ...]
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ import grpc
 import lmdb
 from grpc_health.v1 import health, health_pb2_grpc
 
+from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
+from sidecar.text.encodings import load_encoding
 from sidecar.wire.server import SERVICE_NAME
 
 READY = "floor server serving on "
@@ -42,15 +49,36 @@ def answering(answer: bytes) -> grpc.RpcMethodHandler:
     return grpc.unary_unary_rpc_method_handler(lambda request, context: answer)
 
 
-def committing(env: lmdb.Environment, keys: Callable[[], int], size: int) -> grpc.RpcMethodHandler:
+def committer(env: lmdb.Environment, keys: Callable[[], int], size: int) -> Callable[[], None]:
     value = bytes(size)  # LMDB stores bytes as they are: zeros cost what any bytes cost
 
-    def commit(request: bytes, context: grpc.ServicerContext) -> bytes:
+    def commit() -> None:
         with env.begin(write=True) as txn:
             txn.put(keys().to_bytes(8, "big"), value)
+
+    return commit
+
+
+def committing(env: lmdb.Environment, keys: Callable[[], int], size: int) -> grpc.RpcMethodHandler:
+    commit = committer(env, keys, size)
+
+    def handle(request: bytes, context: grpc.ServicerContext) -> bytes:
+        commit()
         return b""
 
-    return grpc.unary_unary_rpc_method_handler(commit)
+    return grpc.unary_unary_rpc_method_handler(handle)
+
+
+def turning(env: lmdb.Environment, keys: Callable[[], int], size: int, answer: bytes) -> grpc.RpcMethodHandler:
+    commit, encoding = committer(env, keys, size), load_encoding("o200k_base")
+
+    def turn(request: bytes, context: grpc.ServicerContext) -> bytes:
+        for event in pb.AssembleContextRequest.FromString(request).append_events:
+            len(encoding.encode_ordinary(event.content))
+        commit()
+        return answer
+
+    return grpc.unary_unary_rpc_method_handler(turn)
 
 
 def method_and_value(argument: str) -> tuple[str, str]:
@@ -63,12 +91,16 @@ def main() -> None:
     parser.add_argument("--store", type=Path, required=True, help="a folder for the LMDB environment")
     parser.add_argument("--answer", action="append", default=[], type=method_and_value, metavar="METHOD=FILE")
     parser.add_argument("--commit", action="append", default=[], type=method_and_value, metavar="METHOD=BYTES")
+    parser.add_argument("--turn", action="append", default=[], type=method_and_value, metavar="METHOD=BYTES:FILE")
     parser.add_argument("--listen", default="127.0.0.1:0")
     args = parser.parse_args()
     env = lmdb.open(str(args.store), map_size=MAP_SIZE, sync=True, metasync=True)
     keys = itertools.count().__next__  # one key sequence for every commit METHOD: they share the environment
     handlers = {method: answering(Path(file).read_bytes()) for method, file in args.answer}
     handlers |= {method: committing(env, keys, int(size)) for method, size in args.commit}
+    for method, value in args.turn:
+        size, _, file = value.partition(":")
+        handlers[method] = turning(env, keys, int(size), Path(file).read_bytes())
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
     health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)

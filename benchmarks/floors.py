@@ -25,6 +25,9 @@ RPC's p50 by up to 16% here. Each row, a figure / its floor:
 - a turn: AssembleContext appending one ~190-token event for a new iteration (count, one durable
   commit, persist the window, answer) / a bare RPC making one durable commit of the bytes a turn
   writes (below); the turn's answer is not in this floor (the first row's floor is such an answer);
+- the same turn / all that a turn cannot skip, in one handler of the floor server: reading the
+  request, counting its event with tiktoken (the contract's exact counts), the same durable commit,
+  and sending a turn's answer (its bytes pre-built);
 - re-assembly with 50 summaries in force / that answer, pre-built;
 - a turn of that run (it also feeds RecordSummary the events it folds) / a commit of its bytes;
 - RecordSummary, recursive (the summary in force and the oldest unsummarised event into one) /
@@ -85,6 +88,7 @@ FLOOR_PUT_PAGES, OVERFLOW_HEADER = 2, 16
 ANSWERS = {"assemble 32k": "AssembleContext32k", "client assemble 8k": "AssembleContext",  # sidecar.client's name
            "stacked assemble": "AssembleContextStacked"}
 COMMITS = {"turn": "Turn", "stacked turn": "StackedTurn", "record": "RecordSummary"}
+WHOLE_TURN = "TurnWhole"  # the floor server's method doing all a turn cannot skip
 
 
 @dataclass(frozen=True)
@@ -191,8 +195,10 @@ def floor_put_size(written: int) -> int:
 
 
 @contextmanager
-def floor_server_for(folder: Path, answers: dict[str, Any], commit_bytes: dict[str, int]) -> Iterator[Serving]:
-    """The floor server, answering ``answers`` (by figure) and committing ``commit_bytes`` (by figure)."""
+def floor_server_for(folder: Path, answers: dict[str, Any], commit_bytes: dict[str, int],
+                     turn_answer: Any) -> Iterator[Serving]:
+    """The floor server, answering ``answers`` (by figure) and committing ``commit_bytes`` (by
+    figure); its whole turn commits a turn's bytes and answers ``turn_answer``."""
     arguments = ["--store", str(folder / "floor-lmdb")]
     for figure, answer in answers.items():
         path = folder / f"{ANSWERS[figure]}.bin"
@@ -200,6 +206,9 @@ def floor_server_for(folder: Path, answers: dict[str, Any], commit_bytes: dict[s
         arguments += ["--answer", f"{ANSWERS[figure]}={path}"]
     for figure, size in commit_bytes.items():
         arguments += ["--commit", f"{COMMITS[figure]}={floor_put_size(size)}"]
+    path = folder / f"{WHOLE_TURN}.bin"
+    path.write_bytes(turn_answer.SerializeToString())
+    arguments += ["--turn", f"{WHOLE_TURN}={floor_put_size(commit_bytes['turn'])}:{path}"]
     with serving([sys.executable, "-m", "benchmarks.floor_server", *arguments], floor_server.READY) as server:
         yield server
 
@@ -221,6 +230,7 @@ def floor_calls(channel: grpc.Channel, client: Client, sidecar: Sidecar) -> dict
     for figure, method in COMMITS.items():
         response = pb.RecordSummaryResponse if figure == "record" else pb.AssembleContextResponse
         calls[f"floor {figure}"] = unary(method, sidecar.requests[figure], response)
+    calls["floor whole turn"] = unary(WHOLE_TURN, sidecar.requests["turn"], pb.AssembleContextResponse)
     return calls
 
 
@@ -240,6 +250,9 @@ def rows_of(sidecar: Sidecar, written: dict[str, int], events: int, entries: int
             bare="client bare"),
         Row("a turn: AssembleContext appending one event (32k, durable commit, persist)", commit("turn"),
             "turn", "floor turn"),
+        Row("the same turn beside all a turn cannot skip",
+            "reading the request, counting its event (tiktoken), the same commit, sending a turn's answer pre-built",
+            "turn", "floor whole turn"),
         Row(f"re-assembly with summaries in force ({details['stacked assemble']})", "the same answer, pre-built",
             "stacked assemble", "floor stacked assemble"),
         Row("a turn with 50 summaries in force", commit("stacked turn"), "stacked turn", "floor stacked turn"),
@@ -265,7 +278,8 @@ def measure(args: argparse.Namespace) -> dict:
         sidecar = load_sidecar(channel, client, args.events, args.rounds)
         print(f"loaded the runs in {time.perf_counter() - started:.1f} s", file=sys.stderr)
         written = {figure: written_per_call(sidecar_server.process.pid, sidecar.calls[figure]) for figure in COMMITS}
-        floor = stack.enter_context(floor_server_for(folder, sidecar.answers, written))
+        turn_answer = sidecar.calls["turn"]()  # a turn's answer, for the floor of all a turn cannot skip
+        floor = stack.enter_context(floor_server_for(folder, sidecar.answers, written, turn_answer))
         floor_channel = stack.enter_context(channel_to(floor.address))
         floors = floor_calls(floor_channel, stack.enter_context(Client(floor.address)), sidecar)
         floor_written = {figure: written_per_call(floor.process.pid, floors[f"floor {figure}"]) for figure in COMMITS}
