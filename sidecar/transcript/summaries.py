@@ -24,7 +24,6 @@ import struct
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from functools import lru_cache
 from itertools import islice
 
 import fastcore
@@ -36,6 +35,7 @@ from sidecar.storage.codec import StoredEvent, decode_event, dump_plain_json, en
 from sidecar.storage.keys import Txn
 from sidecar.telemetry import metrics
 from sidecar.text.fencing import is_fenced
+from sidecar.transcript.bounded import BoundedCache
 from sidecar.transcript.log import LogWriter, count_texts, host_event_ids, prefix_end
 from sidecar.transcript.runs import SIDECAR_ID_PREFIX, Deps, Run, RunSettings
 from sidecar.transcript.schema import (
@@ -104,14 +104,21 @@ class Summary:
 
     @classmethod
     def parse(cls, data: bytes) -> Summary:
-        return _parsed(data)
+        summary = _PARSED.get(data)
+        if summary is None:
+            summary = _parse(data)
+            _PARSED.put(data, summary, 1)
+        return summary
 
 
-@lru_cache(maxsize=256)
-def _parsed(data: bytes) -> Summary:
-    """A summary record parsed, by its bytes: a Summary is immutable and a pure function of them,
-    and the summary in force is parsed by every turn and every RecordSummary of its run (its JSON
-    is most of such a call's decoding)."""
+# Summary records parsed, by their bytes: a Summary is immutable and a pure function of them, and
+# the summary in force is parsed by every turn and every RecordSummary of its run (its JSON is most
+# of such a call's decoding). A summary recorded here is put in with the bytes it was written as,
+# so the next call of its run finds it parsed already.
+_PARSED: BoundedCache[bytes, Summary] = BoundedCache(max_bytes=256)
+
+
+def _parse(data: bytes) -> Summary:
     if data[:1] == b"{":
         return Summary.from_dict(load_plain_json(data))
     return Summary.from_dict(load_plain_json(data[_HEAD.size + data[_HEAD.size - 1]:]))
@@ -267,7 +274,9 @@ def write_summary(writer: LogWriter, summary: Summary, text: str, role: str, tok
     txn, db, key = writer.txn, writer.db, writer.key
     put_artifact(txn, db, key, summary.ref, encode_record(summary.ref, summary.seq, summary.iteration, role,
                                                           SUMMARY_TYPE, "", text, summary.tokens_after, ""))
-    put_summary_record(txn, db, key, summary.index, summary.record())
+    record = summary.record()
+    put_summary_record(txn, db, key, summary.index, record)
+    _PARSED.put(record, summary, 1)
     entry = StoredEvent(summary.seq, f"{SIDECAR_ID_PREFIX}{SUMMARIZED_TYPE}:{summary.index}", summary.iteration,
                         "system", SUMMARIZED_TYPE, summarized_payload(summary, token_counter), "", 0)
     append_compaction(writer, entry, "summary", summary.replaced_turns, summary.ref, summary.tokens_before,

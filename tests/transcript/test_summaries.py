@@ -9,7 +9,9 @@ import pytest
 from sidecar.errors import Conflict, ValidationError
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.text.fencing import fence
-from sidecar.transcript.transcripts import NewEvent, SummaryRequest
+from sidecar.transcript import summaries
+from sidecar.transcript.schema import run_key, summary_record
+from sidecar.transcript.transcripts import NewEvent, Summary, SummaryRequest
 from tests.helpers import TENANT, assemble
 
 
@@ -136,6 +138,17 @@ def test_summaries_stack_and_recursive_ones_fold_the_previous_in(run) -> None:
         (first.ref, ("u1", "a1")), (third.ref, (second.ref, "u3", "a3"))]
     # The window of iteration 11 still has what it had.
     assert run.transcript_window(TENANT, "run", 11).event_ids[:3] == [first.ref, second.ref, "u3"]
+
+
+def test_a_recorded_summary_reads_back_as_its_record_parsed_afresh(run) -> None:
+    """What the call recorded is kept as its record's parse (so the next call of the run does not
+    parse it): it must be what parsing the stored bytes gives."""
+    first, _, _ = summarise(run, ["u1", "a1"], text="one")
+    second, _, _ = summarise(run, [first.ref, "u2", "a2"], text="one two", strategy="recursive")
+    with run._store.read() as txn:
+        for recorded in (first, second):
+            stored = summary_record(txn, run._db, run_key(TENANT, "run"), recorded.index)
+            assert Summary.parse(stored) == summaries._parse(stored) == recorded
 
 
 def test_compaction_is_signalled_and_its_candidates_are_accepted(make_transcripts) -> None:
