@@ -27,6 +27,7 @@ from sidecar.text.counting import Counters
 from sidecar.text.fencing import fence
 from sidecar.text.redaction import Redactor, redact_json_text
 from sidecar.transcript import forks
+from sidecar.transcript.bounded import BoundedCache
 from sidecar.transcript.log import (
     AppendResult,
     LogWriter,
@@ -71,6 +72,7 @@ from sidecar.transcript.window import ReadBack, TranscriptWindow, from_record
 from sidecar.validation import check_at_least, check_id, page_size, page_within_bytes
 
 R = TypeVar("R")  # what a writing call's caller makes of its result (``respond``)
+RUN_COUNTERS = 65_536  # runs whose token counter is kept in memory (each a few bytes of key and name)
 
 __all__ = ["AppendResult", "AssembledContext", "CompactionRecord", "NewEvent", "RunSettings", "Section", "Summary",
            "SummaryRequest", "TranscriptWindow", "Transcripts"]
@@ -102,6 +104,9 @@ class Transcripts:
         self.contexts = contexts or RunContexts(store, counters, defaults, self._redactor)
         self._reassemblies: Reassemblies[AssembledContext] | None = (
             Reassemblies(max_bytes=defaults.reassembly_cache) if defaults.reassembly_cache else None)
+        # Each run's token counter by its key, as its last append found it: what a call counts its
+        # events in before it takes the write lock (a run's counter is set when it is opened).
+        self._run_counters: BoundedCache[bytes, str] = BoundedCache(max_bytes=RUN_COUNTERS)
         self._turns = TurnServices(store, self._deps, self.contexts, self._clearing, self._render, HistoryCache(),
                                    ReadBack(), self._reassemblies)
 
@@ -207,10 +212,14 @@ class Transcripts:
                   deadline: Deadline) -> Callable[[LogWriter], list[AppendResult]]:
         """Count tokens now, outside the write lock; return what appends them in the transaction.
         A passed ``deadline`` stops the call after counting and again once the write lock is held
-        (raising there aborts the transaction: nothing is written)."""
-        with self._store.read() as txn:
-            run = load_run(txn, self._db, key)
-        counter = run.settings.token_counter if run else self._deps.defaults.token_counter
+        (raising there aborts the transaction: nothing is written). The counter is the run's as
+        last seen here: the transaction counts again if the run's turns out another (a run deleted
+        and opened again), and that one is kept."""
+        counter = self._run_counters.get(key)
+        if counter is None:
+            with self._store.read() as txn:
+                run = load_run(txn, self._db, key)
+            counter = run.settings.token_counter if run else self._deps.defaults.token_counter
         with tracing.phase("count"):
             counts = count_events(self._deps.counters, counter, events, field) if events else []
         deadline.check("while the events were counted")
@@ -218,10 +227,11 @@ class Transcripts:
         def append(writer: LogWriter) -> list[AppendResult]:
             nonlocal counter, counts
             deadline.check("while the call waited to write")
-            if writer.run.settings.token_counter != counter:  # the run was opened meanwhile
+            if writer.run.settings.token_counter != counter:  # the run was opened (again) meanwhile
                 counter = writer.run.settings.token_counter
                 with tracing.phase("count"):
                     counts = count_events(self._deps.counters, counter, events, field)
+            self._run_counters.put(key, counter, 1)
             replay = (lambda w, e: forks.before_host_event(self._deps, w, e)) if writer.run.replay_pending else None
             return append_host_events(writer, events, counts, field, replay)
 

