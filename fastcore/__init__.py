@@ -2,7 +2,7 @@
 pure-Python twin ``_<name>_reference.py`` beside it:
 
 - ``_fastcore`` (twin ``_fastcore_reference``): transcript window selection (max-fill and
-  cache-stable), compaction cut, code points;
+  cache-stable), compaction cut, the log's own entries, code points;
 - ``_search`` (twin ``_search_reference``): BM25 and cosine top-k for memory search;
 - ``_matcher`` (twin ``_matcher_reference``): the multi-pattern matcher behind secret redaction;
 - ``_entries`` (twin ``_entries_reference``): an append's new log entries, checked and made into
@@ -19,6 +19,7 @@ try:
         RECORD_SIZE,
         compaction_cut,
         count_code_points,
+        own_entries,
         select_stable_window,
         select_window,
         splits_group,
@@ -32,5 +33,5 @@ except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
     ) from exc
 
 __all__ = ["NOT_A_UNIT", "RECORD_SIZE", "MultiMatcher", "bm25_top", "compaction_cut", "cosine_top",
-           "count_code_points", "event_record", "new_entries", "select_stable_window", "select_window",
+           "count_code_points", "event_record", "new_entries", "own_entries", "select_stable_window", "select_window",
            "splits_group", "unchecked_events"]

@@ -233,6 +233,18 @@ def splits_group(const unsigned char[::1] records not None, int64_t base_seq, in
     return found
 
 
+def own_entries(const unsigned char[::1] records not None, int64_t base_seq):
+    """The seqs of the log entries that are not transcript. See ``_fastcore_reference.own_entries``."""
+    cdef Py_ssize_t n = records.shape[0] // _RECORD_SIZE
+    cdef const unsigned char* p = &records[0] if records.shape[0] > 0 else NULL
+    cdef Py_ssize_t j
+    found = []
+    for j in range(n):
+        if _u32(p + j * _RECORD_SIZE + 8) == _NOT_A_UNIT:
+            found.append(base_seq + j)
+    return found
+
+
 def select_stable_window(const unsigned char[::1] records not None, int64_t base_seq, int64_t active_iteration,
                          int64_t budget, int64_t max_events, int64_t floor_seq=0, prefix_tokens=(),
                          int64_t previous_start=-1, int64_t previous_prefix_in=0, double trim_fraction=0.6):

@@ -213,6 +213,13 @@ def splits_group(records: bytes, base_seq: int, floor_seq: int, cut: int) -> int
     return -1
 
 
+def own_entries(records: bytes, base_seq: int) -> list[int]:
+    """The seqs of the log entries that are not transcript (the sidecar's own, ``NOT_A_UNIT``),
+    in order; ``records`` begin at ``base_seq``."""
+    _, _, group_first = _unpack(records)
+    return [base_seq + j for j, g in enumerate(group_first) if g == NOT_A_UNIT]
+
+
 def select_stable_window(
     records: bytes, base_seq: int, active_iteration: int, budget: int, max_events: int,
     floor_seq: int = 0, prefix_tokens: Sequence[int] = (), previous_start: int = -1,

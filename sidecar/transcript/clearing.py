@@ -35,6 +35,7 @@ import json
 import struct
 import sys
 from array import array
+from itertools import compress
 
 import fastcore
 from sidecar.settings import ClearingSettings
@@ -138,8 +139,8 @@ def _clear(deps: Deps, settings: ClearingSettings, writer: LogWriter, iteration:
     columns = _columns(read_counts(txn, db, key, start, end))
     weights, groups = columns[0::3], columns[2::3]
     fed = sum(weights)
-    if fastcore.NOT_A_UNIT in groups:  # the sidecar's own entries weigh nothing
-        fed -= sum(weighs for weighs, group_first in zip(weights, groups) if group_first == fastcore.NOT_A_UNIT)
+    if fastcore.NOT_A_UNIT in groups:  # the sidecar's own entries weigh nothing (in C: one per summary)
+        fed -= sum(compress(weights, map(fastcore.NOT_A_UNIT.__eq__, groups)))
     trigger = settings.trigger_fraction * budget
     if fed <= trigger:
         return False

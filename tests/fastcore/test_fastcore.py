@@ -306,6 +306,16 @@ def test_splits_group_against_reference_and_oracle() -> None:
                 == expected)
 
 
+def test_own_entries_against_reference_and_oracle() -> None:
+    rng = random.Random(11)
+    for _ in range(1000):
+        records = make_transcript(rng, rng.randrange(0, 40), with_log_entries=True)
+        base = rng.randrange(0, len(records) + 1)
+        packed = pack(records)[base * PACK.size:]
+        expected = [seq for seq in range(base, len(records)) if records[seq][2] == SKIP]
+        assert fastcore.own_entries(packed, base) == _reference.own_entries(packed, base) == expected
+
+
 def test_window_fixed_cases() -> None:
     # A call (seq 1) and its result (seq 3) straddle the budget cut at 2: both go.
     records = [(10, 1, 0), (10, 1, 1), (10, 2, 2), (10, 2, 1), (10, 3, 4)]
