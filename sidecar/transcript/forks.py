@@ -233,7 +233,7 @@ def _still_replaying(writer: LogWriter, summary: Summary) -> bool:
     top = in_force(txn, db, key, run, summary.iteration)
     if (top.to_seq if top else 0) != summary.from_seq:
         return False
-    newest = newest_in_force(txn, db, key, top, len(summary.replaced_summaries))
+    newest = newest_in_force(txn, db, key, top, len(summary.replaced_summaries), run.incarnation)
     if tuple(replaced.index for replaced in newest) != summary.replaced_summaries:
         return False
     ids = host_event_ids(txn, db, key, summary.from_seq, summary.to_seq)

@@ -373,7 +373,7 @@ class Transcripts:
                                                 for seq in reversed(seqs[-limit:]))
             history = [decode_event(raw) for raw in reversed(newest_first)]
             # The running summary is the whole stack in force: GetState answers it all.
-            stack = newest_in_force(txn, self._db, key, newest, newest.depth) if newest else []
+            stack = newest_in_force(txn, self._db, key, newest, newest.depth, run.incarnation) if newest else []
             summaries = [decode_event(raw) for raw in read_artifacts(txn, self._db, key, [s.ref for s in stack])]
             task = self.contexts.task_of(txn, key, run)
             return AgentStateView(history, len(seqs), summaries, task.task, task.skills,

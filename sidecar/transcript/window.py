@@ -149,7 +149,7 @@ def _plan(deps: Deps, txn: Txn, key: bytes, run: Run, iteration: int,
     end = prefix_end(txn, deps.db, key, run, iteration)
     top = in_force(txn, deps.db, key, run, iteration) if run.summaries else None
     floor = top.to_seq if top else 0
-    prefix = feedable_tokens(txn, deps.db, key, top, budget, settings.transcript_window)
+    prefix = feedable_tokens(txn, deps.db, key, top, budget, settings.transcript_window, run.incarnation)
     last_chunk = (end - 1) // CHUNK_EVENTS if end else 0
     first_chunk = last_chunk
     floor_chunk = min(floor // CHUNK_EVENTS, last_chunk)
@@ -286,7 +286,7 @@ def window_record(deps: Deps, txn: Txn, key: bytes, run: Run, chosen: Plan, top:
     and the rest of the window's accounting (``context``), for the caller to persist once it has
     added the request's cache state to ``context``."""
     db = deps.db
-    fed = newest_in_force(txn, db, key, top, chosen.prefix_in)  # one walk down the stack, for both
+    fed = newest_in_force(txn, db, key, top, chosen.prefix_in, run.incarnation)  # one walk, for both
     summarized = summarized_events(txn, db, key, run, top, fed)
     # The events fed in another form (cleared, clipped on an earlier turn), as they are now: the
     # record names the forms, so the window reads back as fed whatever later turns change.
@@ -395,8 +395,9 @@ def _from_record(deps: Deps, txn: Txn, key: bytes, run_id: str, iteration: int, 
         # Persisted before the two counts were apart: "omitted" then held every host event
         # before the window, the summarised ones too.
         top = load_summary(txn, db, key, record.summaries[-1][0]) if record.summaries else None
-        summarized = summarized_events(txn, db, key, require_run(txn, db, key, run_id), top,
-                                       newest_in_force(txn, db, key, top, len(record.summaries)))
+        run = require_run(txn, db, key, run_id)
+        summarized = summarized_events(txn, db, key, run, top,
+                                       newest_in_force(txn, db, key, top, len(record.summaries), run.incarnation))
         omitted -= summarized
     return TranscriptWindow(
         run_id, iteration, record.counter, record.budget, record.tokens, omitted,

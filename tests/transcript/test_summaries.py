@@ -151,6 +151,26 @@ def test_a_recorded_summary_reads_back_as_its_record_parsed_afresh(run) -> None:
             assert Summary.parse(stored) == summaries._parse(stored) == recorded
 
 
+def test_a_run_opened_again_walks_its_own_summaries(make_transcripts) -> None:
+    """The summaries met walking down a stack are kept by run incarnation: a run deleted and
+    opened again under its id, with other summaries at the same places, feeds its own."""
+    transcripts = make_transcripts(transcript_token_budget=1000, keep_last_turns=1)
+
+    def life(name: str) -> list[str]:
+        transcripts.open_run(TENANT, "run", token_counter="chars", summarization=True)
+        for turn in range(1, 7):
+            assemble(transcripts, TENANT, "run", turn, [event(f"u{turn}", turn), event(f"a{turn}", turn)])
+        refs = [summarise(transcripts, [f"u{turn}", f"a{turn}"], iteration=7, text=f"{name} {turn}")[0].ref
+                for turn in (1, 2, 3)]
+        window, _ = assemble(transcripts, TENANT, "run", 7, [event("u7", 7)])
+        assert window.event_ids[:3] == refs
+        return [entry.text for entry in window.entries()[:3]]
+
+    assert life("first") == ["first 1", "first 2", "first 3"]
+    transcripts.delete_run(TENANT, "run")
+    assert life("second") == ["second 1", "second 2", "second 3"]
+
+
 def test_compaction_is_signalled_and_its_candidates_are_accepted(make_transcripts) -> None:
     # A turn is u (10 chars), c (10) and r, a tool result: fed inside the untrusted-data block.
     turn_tokens = 20 + len(fence("x" * 10))
