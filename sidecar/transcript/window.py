@@ -323,10 +323,11 @@ def window_record(deps: Deps, txn: Txn, key: bytes, run: Run, chosen: Plan, top:
 
 class ReadBack:
     """The entries a run's window was last read back with (records and ids, sidecar entries
-    included), so that the next read of a window starting at the same seq reads only what lies
-    past them. A cache-stable window keeps its start for many turns and grows by a turn's events,
-    and an entry never changes under its run's incarnation. Bounded by the bytes of the records
-    it holds; the runs read longest ago go first."""
+    included), so that the next read of a window starting at or after that start (and within
+    them) reads only what lies past them. A cache-stable window keeps its start for many turns and
+    grows by a turn's events; a window whose summaries move its floor on starts a few entries
+    later; and an entry never changes under its run's incarnation. Bounded by the bytes of the
+    records it holds; the runs read longest ago go first."""
 
     def __init__(self, max_bytes: int = 32 << 20) -> None:
         # run key -> (incarnation, start, records, ids, their bytes)
@@ -336,11 +337,15 @@ class ReadBack:
              end: int) -> tuple[list[bytes], list[str]]:
         """The records and ids of entries ``[start, end)``."""
         last = self._runs.get(key)
-        if last is None or last[0] != incarnation or last[1] != start:
+        if last is None or last[0] != incarnation or not last[1] <= start < last[1] + len(last[2]):
             records, ids = read_records(txn, db, key, start, end), read_ids(txn, db, key, start, end)
             size = sum(map(len, records))
         else:
-            _, _, records, ids, size = last
+            _, held_from, records, ids, size = last
+            if start > held_from:  # the entries before the new start are not held any longer
+                dropped = start - held_from
+                size -= sum(map(len, records[:dropped]))
+                records, ids = records[dropped:], ids[dropped:]
             held = start + len(records)
             if end <= held:
                 return records[:end - start], ids[:end - start]

@@ -173,6 +173,32 @@ def test_a_run_deleted_and_opened_again_feeds_its_own_events_from_the_same_start
         pb.AssembleContextRequest(run_id="run", iteration=2)).entries] == [f"other life, turn {t}" for t in (1, 2)]
 
 
+def test_a_window_whose_start_moves_on_feeds_the_entries_from_its_new_start(start_server):
+    """The entries kept from one read back serve a later window starting further on (a budget
+    that drops the oldest turns, summaries moving the floor up): every turn is fed what reading
+    its window afresh (GetTranscriptWindow) gives, and its own newest events."""
+    sidecar = start_server(token_counter="chars", transcript_token_budget=400)
+    stub = sidecar.stub
+    open_full(stub, "run", summarization_supported=True, keep_last_turns=1)
+    starts, unsummarised, in_force = set(), [], []
+    for turn in range(1, 41):
+        events = [pb.Event(event_id=f"{kind}{turn}", role=role, content=f"{kind}{turn} " + "x" * 40)
+                  for kind, role in (("u", "user"), ("a", "assistant"))]
+        answer = stub.AssembleContext(pb.AssembleContextRequest(run_id="run", iteration=turn, append_events=events))
+        fresh = stub.GetTranscriptWindow(pb.GetTranscriptWindowRequest(run_id="run", iteration=turn))
+        assert list(answer.event_ids) == list(fresh.event_ids)
+        assert [(e.event_id, e.text) for e in answer.entries] == [(e.event_id, e.rendered) for e in fresh.entries]
+        assert [e.event_id for e in answer.entries][-2:] == [f"u{turn}", f"a{turn}"]
+        starts.add(next(e for e in answer.event_ids if not e.startswith("sidecar:")))
+        unsummarised += [f"u{turn}", f"a{turn}"]
+        if turn % 4 == 0:  # the oldest two turns not summarised yet, folded into the summary in force
+            replaced, unsummarised = unsummarised[:4], unsummarised[4:]
+            in_force = [stub.RecordSummary(pb.RecordSummaryRequest(
+                run_id="run", iteration=turn + 1, summary_text=f"up to turn {turn}", strategy="recursive",
+                replaced_event_ids=in_force + replaced)).summary_ref]
+    assert len(starts) > 10  # the window's start moved on, turn after turn
+
+
 @pytest.mark.parametrize("change", ["events appended", "the window before it chosen again"])
 def test_the_newest_iteration_again_after_what_its_plan_reads_changed(tmp_path: Path, change: str):
     """The newest iteration's answer is kept too, while nothing its window is chosen from changed:
