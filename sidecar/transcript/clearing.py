@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import json
 import struct
-import sys
 from array import array
 from itertools import compress
 
@@ -50,6 +49,7 @@ from sidecar.transcript.schema import (
     FedForm,
     copy_form,
     count_chunk,
+    count_columns,
     current_forms,
     forms_below,
     made_in,
@@ -136,7 +136,7 @@ def _clear(deps: Deps, settings: ClearingSettings, writer: LogWriter, iteration:
         start = max(start, last.start)
     # Every turn asks, and most turns stop at the trigger: the count records' columns as arrays
     # (tokens, group_first), so that the sum and the scans run in C.
-    columns = _columns(read_counts(txn, db, key, start, end))
+    columns = count_columns(read_counts(txn, db, key, start, end))
     weights, groups = columns[0::3], columns[2::3]
     fed = sum(weights)
     if fastcore.NOT_A_UNIT in groups:  # the sidecar's own entries weigh nothing (in C: one per summary)
@@ -190,14 +190,6 @@ def _clear(deps: Deps, settings: ClearingSettings, writer: LogWriter, iteration:
         return False
     _record(writer, CLEARED_TYPE, "cleared", iteration, changes)
     return True
-
-
-def _columns(counts: bytes) -> array:
-    """Packed count records (``_COUNT``: little-endian uint32s) as one array of their fields."""
-    columns = array("I", counts)
-    if sys.byteorder == "big":
-        columns.byteswap()
-    return columns
 
 
 def _put_form(writer: LogWriter, event: StoredEvent, kind: str, text: str, tokens: int, iteration: int) -> None:

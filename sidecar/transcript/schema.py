@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import functools
 import json
+import sys
+from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from itertools import islice
@@ -228,6 +230,16 @@ def read_counts(txn: Txn, db: dict, key: bytes, start: int, end: int) -> bytes:
     records = count_chunks(txn, db, key, first, last + 1)
     offset = first * CHUNK_EVENTS
     return records[(start - offset) * fastcore.RECORD_SIZE:(end - offset) * fastcore.RECORD_SIZE]
+
+
+def count_columns(counts: bytes) -> array:
+    """Packed count records (three little-endian uint32s each: tokens, iteration, group_first) as
+    one array of their fields: ``[0::3]`` the tokens, ``[2::3]`` the group firsts, for sums and
+    scans in C."""
+    columns = array("I", counts)
+    if sys.byteorder == "big":
+        columns.byteswap()
+    return columns
 
 
 def log_entries_in(txn: Txn, db: dict, key: bytes, start: int, end: int) -> list[int]:
@@ -429,8 +441,17 @@ def previous_window_bytes(txn: Txn, db: dict, key: bytes, iteration: int) -> byt
     return cursor.value()
 
 
-def put_window(txn: Txn, db: dict, key: bytes, iteration: int, record: WindowRecord) -> None:
-    txn.put(numbered_key(key, iteration), record.encode(), db=db["windows"])
+def put_window(txn: Txn, db: dict, key: bytes, iteration: int, record: WindowRecord) -> bytes:
+    """Persist ``record``; its bytes as stored."""
+    stored = record.encode()
+    txn.put(numbered_key(key, iteration), stored, db=db["windows"])
+    return stored
+
+
+def remember_window(stored: bytes) -> None:
+    """Parse a window record just persisted, for the run's next turn, which reads it as the
+    previous window (:func:`_shared_window`): a turn does this while its commit syncs."""
+    _shared_window(stored)
 
 
 # -- summaries and their artifacts ------------------------------------------------------------

@@ -48,6 +48,7 @@ from sidecar.transcript.schema import (
     previous_window_bytes,
     put_window,
     read_records,
+    remember_window,
     window_at,
     window_bytes,
 )
@@ -115,6 +116,7 @@ class Fed:
     window: TranscriptWindow
     history: tuple[HistoryItem, ...]  # the window's entries as items (the cache state was computed from them)
     cache: dict  # the request's cache state, in the form asked for
+    persisted: bytes | None = None  # the window record this turn persisted, as stored
 
 
 class Turn:
@@ -178,7 +180,10 @@ class Turn:
         transaction chose, never from the store."""
         def answer(written: tuple[Fed, list[AppendResult]]) -> R:
             fed, appended = written
-            return respond(self._answer(fed), appended)
+            answered = respond(self._answer(fed), appended)
+            if fed.persisted is not None:  # the next turn's previous window, parsed already
+                remember_window(fed.persisted)
+            return answered
 
         return self._services.store.write(lambda txn: self._write(txn, events, append, deadline), then=answer)
 
@@ -259,13 +264,13 @@ class Turn:
         # record's and the window's): each part's key, not its text. The record is
         # written once, with it; and the run record once, if either of its fields moved.
         cache = context["cache"] = self._cache_state(txn, layout, window, history)
-        put_window(txn, self._db, self.key, self.iteration, record)
+        stored = put_window(txn, self._db, self.key, self.iteration, record)
         newest = self.iteration > run.last_assembled
         if newest:
             run.last_assembled = self.iteration
         if newest or run.fed_prefix != fed_before:
             save_run(txn, self._db, self.key, run)
-        return Fed(layout, window, history, cache)
+        return Fed(layout, window, history, cache, stored)
 
     def _as_fed(self, txn: Txn, run: Run, layout: Layout, record: WindowRecord) -> Fed:
         """The window persisted for the iteration, fed again as it was."""
