@@ -8,10 +8,14 @@ event are made directly on the domain (``Transcripts.assemble``, then the wire's
 answer), each stage wrapped by a timer. Medians in µs per turn; a stage inside another is counted
 in both. ``--sync`` makes each commit durable (the commit is then most of a turn).
 
+``--stacked``: the run of ``summaries`` instead, with 50 summaries in force, and after each turn a
+RecordSummary folding the summary in force and the oldest unsummarised event into one (not
+timed), so every turn walks the stack, and its window's floor moves on a turn at a time.
+
 A hot loop is the floor of what Python costs here: under RPC, with other processes between the
 calls, the same work takes about twice as long (benchmarks/floors.py measures the call).
 
-    python -m benchmarks.turn_stages [--turns 1000] [--events 10000] [--sync]
+    python -m benchmarks.turn_stages [--turns 1000] [--events 10000] [--sync] [--stacked]
 """
 
 from __future__ import annotations
@@ -27,13 +31,14 @@ from typing import Any
 
 import grpc
 
-from benchmarks import corpus
-from benchmarks.compare_trees import BUDGET, RUN, load
+from benchmarks import corpus, summaries
+from benchmarks.compare_trees import BUDGET, RUN, STACKED, load
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
 from sidecar.settings import load_settings
 from sidecar.storage import environment
 from sidecar.transcript import transcripts, turn
+from sidecar.transcript.summaries import SummaryRequest
 from sidecar.wire import messages, splice
 from sidecar.wire import server as server_module
 
@@ -46,6 +51,7 @@ STAGES: tuple[tuple[Any, str, str], ...] = (
     (turn.Turn, "_write", "  its work, commit excluded"),
     (turn.Turn, "_refeed", "    clearing and kept clips"),
     (turn, "plan", "    choose the window"),
+    (turn.Turn, "_decide_compaction", "    decide compaction"),
     (turn.Turn, "_persist", "    persist the window"),
     (turn, "window_record", "      its record"),
     (turn, "from_record", "      read it back"),
@@ -66,11 +72,21 @@ def timed(name: str, function: Callable) -> Callable:
     return call
 
 
+def fold_one(services: server_module.Services, state: dict, appended: str, next_iteration: int) -> None:
+    """A RecordSummary of the summary in force and the oldest unsummarised event, into one: the
+    stack keeps its depth, and the events their number, however many turns run."""
+    state["unsummarised"].append(appended)
+    request = SummaryRequest(next_iteration, (state["refs"][-1], state["unsummarised"].popleft()),
+                             summaries.summary_text(STACKED), "recursive")
+    state["refs"][-1] = services.transcripts.record_summary("default", summaries.RUN, request)[0].ref
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=1000)
     parser.add_argument("--events", type=int, default=10_000)
     parser.add_argument("--sync", action="store_true", help="durable commits, as served by default")
+    parser.add_argument("--stacked", action="store_true", help="the run with 50 summaries in force")
     args = parser.parse_args()
     for owner, attribute, name in STAGES:
         setattr(owner, attribute, timed(name, getattr(owner, attribute)))
@@ -84,7 +100,12 @@ def main() -> None:
         server_module.start(server, health)
         channel = grpc.insecure_channel(f"127.0.0.1:{port}")
         try:
-            iteration = load(pb_grpc.ContextSidecarStub(channel), args.events)
+            stub = pb_grpc.ContextSidecarStub(channel)
+            if args.stacked:
+                run_id, state = summaries.RUN, summaries.build(stub, STACKED)
+                iteration = state["iteration"] - 1
+            else:
+                run_id, state, iteration = RUN, {}, load(stub, args.events)
             contents = corpus.contents(512, seed=7)
             whole: list[float] = []
             for number in range(args.turns + 100):  # the first 100 warm the caches and are not counted
@@ -92,9 +113,14 @@ def main() -> None:
                 event = messages.new_event_from(pb.Event(event_id=f"stage-{iteration}", role="user",
                                                          content=contents[iteration % len(contents)]))
                 started = time.perf_counter()
-                assembly, appended = services.transcripts.assemble("default", RUN, iteration, [event], BUDGET)
+                assembly, appended = services.transcripts.assemble("default", run_id, iteration, [event], BUDGET)
                 splice.assembled(assembly, appended)
                 whole.append(time.perf_counter() - started)
+                if args.stacked:  # its writes are not the turn's: what the stages timed of it is dropped
+                    timed_before = {name: len(samples) for name, samples in _samples.items()}
+                    fold_one(services, state, event.event_id, iteration + 1)
+                    for name, samples in _samples.items():
+                        del samples[timed_before.get(name, 0):]
                 if number == 99:
                     _samples.clear()
                     whole.clear()
@@ -102,7 +128,8 @@ def main() -> None:
             channel.close()
             server.stop(None).wait()
             services.close()
-    print(f"{args.turns} turns of one event on a {args.events:,}-event run, 32k budget, "
+    shape = f"the run with {STACKED} summaries in force" if args.stacked else f"a {args.events:,}-event run"
+    print(f"{args.turns} turns of one event on {shape}, 32k budget, "
           f"sync {'on' if args.sync else 'off'}; median µs per turn\n")
     print(f"{'the whole turn':<46} {statistics.median(whole) * 1e6:8.1f}")
     for _, _, name in STAGES:
