@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from itertools import compress
 from typing import NamedTuple
 
 import fastcore
@@ -27,15 +26,15 @@ from sidecar.transcript.schema import (
     CHUNK_EVENTS,
     call_group,
     count_chunk,
-    count_columns,
     indexed_event,
     iteration_start,
     joined_ids,
+    leave_out,
     log_entries_from,
+    log_entries_in,
     name_key,
     numbered_key,
     put_chunk,
-    read_counts,
     read_event,
     read_ids,
     stored_id_chunk,
@@ -344,12 +343,8 @@ def log_entries_before(txn: Txn, db: dict, key: bytes, run: Run, seq: int) -> in
 
 
 def host_event_ids(txn: Txn, db: dict, key: bytes, start: int, end: int) -> list[str]:
-    """The ids of the host's events in ``[start, end)``, in order: the sidecar's entries (count
-    records marked ``NOT_A_UNIT``) left out in C, however many summaries lie between them."""
-    ids = read_ids(txn, db, key, start, end)
-    groups = count_columns(read_counts(txn, db, key, start, end))[2::3]
-    if fastcore.NOT_A_UNIT in groups:
-        ids = list(compress(ids, map(fastcore.NOT_A_UNIT.__ne__, groups)))
+    """The ids of the host's events in ``[start, end)``, in order (the sidecar's entries left out)."""
+    [ids] = leave_out(log_entries_in(txn, db, key, start, end), start, read_ids(txn, db, key, start, end))
     return ids
 
 

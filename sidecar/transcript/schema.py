@@ -35,7 +35,7 @@ import sys
 from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from itertools import islice
+from itertools import compress, islice
 from typing import TYPE_CHECKING, cast
 
 import fastcore
@@ -248,6 +248,18 @@ def log_entries_in(txn: Txn, db: dict, key: bytes, start: int, end: int) -> list
     window holds one per summary recorded since its start, and a turn asks twice: a walk of
     ``log_entries`` cost a Python step per entry, and the count records are a read per chunk."""
     return fastcore.own_entries(read_counts(txn, db, key, start, end), start)
+
+
+def leave_out(own: list[int], start: int, *columns: list) -> list[list]:
+    """Each of ``columns`` (one item per entry of the log from ``start`` on) without the items of
+    the sidecar's own entries ``own`` (their seqs): by one mask, in C, whether they are a few or
+    one per summary recorded since ``start``."""
+    if not own:
+        return list(columns)
+    kept = bytearray(b"\x01") * len(columns[0])
+    for seq in own:
+        kept[seq - start] = 0
+    return [list(compress(column, kept)) for column in columns]
 
 
 def log_entries_from_seq(txn: Txn, db: dict, key: bytes, start: int, end: int) -> Iterator[int]:

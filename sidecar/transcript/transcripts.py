@@ -215,7 +215,7 @@ class Transcripts:
         (raising there aborts the transaction: nothing is written). The counter is the run's as
         last seen here: the transaction counts again if the run's turns out another (a run deleted
         and opened again), and that one is kept."""
-        counter = self._run_counters.get(key)
+        counter = seen = self._run_counters.get(key)
         if counter is None:
             with self._store.read() as txn:
                 run = load_run(txn, self._db, key)
@@ -231,7 +231,8 @@ class Transcripts:
                 counter = writer.run.settings.token_counter
                 with tracing.phase("count"):
                     counts = count_events(self._deps.counters, counter, events, field)
-            self._run_counters.put(key, counter, 1)
+            if counter != seen:
+                self._run_counters.put(key, counter, 1)
             replay = (lambda w, e: forks.before_host_event(self._deps, w, e)) if writer.run.replay_pending else None
             return append_host_events(writer, events, counts, field, replay)
 

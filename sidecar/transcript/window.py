@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from dataclasses import dataclass, field
-from itertools import compress
 
 import fastcore
 from sidecar.errors import TokenBudgetExceeded, TranscriptWindowExceeded
@@ -30,6 +29,7 @@ from sidecar.transcript.schema import (
     count_chunks,
     current_forms,
     forms_listed,
+    leave_out,
     log_entries_in,
     previous_window,
     read_ids,
@@ -372,15 +372,10 @@ def _from_record(deps: Deps, txn: Txn, key: bytes, run_id: str, iteration: int, 
     else:
         records, ids = reads[0].read(txn, db, key, reads[1], start, end)
     # The sidecar's own entries in the window (one a summary or clearing recorded since its
-    # start) are left out by a mask, in C, and an event's position is its seq less the entries
-    # before it: no pass in Python per entry. (Slices between them cost a step per gap: a turn
-    # with 50 summaries in force has some 200 of them.)
+    # start) are left out, and an event's position is its seq less the entries before it: no
+    # pass in Python per entry. (A turn with 50 summaries in force has some 200 of them.)
     skip = sorted(record.skip)
-    if skip:
-        fed = bytearray(b"\x01") * (end - start)
-        for seq in skip:
-            fed[seq - start] = 0
-        records, ids = list(compress(records, fed)), list(compress(ids, fed))
+    records, ids = leave_out(skip, start, records, ids)
     refs = [ref for _, ref in record.summaries]
     clips = {}
     if record.clipped or record.fed:
