@@ -47,10 +47,11 @@ class Serving:
 
 @contextmanager
 def serving(command: Sequence[str], ready: str = READY, env: dict[str, str] | None = None,
-            cwd: Path | None = None) -> Iterator[Serving]:
+            cwd: Path | None = None, told: bool = False) -> Iterator[Serving]:
     """Start ``command``, a server that prints ``ready`` and its address as its first line on
-    stdout once it serves; terminate it afterwards."""
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env, cwd=cwd)
+    stdout once it serves; terminate it afterwards. ``told``: its stdin is a pipe to write to."""
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env, cwd=cwd,
+                               stdin=subprocess.PIPE if told else None)
     try:
         line = process.stdout.readline()
         if not line.startswith(ready):
