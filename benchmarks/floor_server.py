@@ -13,13 +13,14 @@ would pay for the same answer or the same write:
   (an AssembleContextRequest), counts each appended event's content with tiktoken o200k_base
   (``encode_ordinary``, as the sidecar counts), makes the commit of ``--commit``, and answers the
   bytes of FILE;
+- ``--append METHOD=BYTES:FILE``: the same for an AppendEventsRequest: all AppendEvents cannot skip;
 - the health service, so its own bare RPC can be set beside the sidecar's.
 
 Every METHOD is registered under ``contextsidecar.v1.ContextSidecar``. It prints ``floor server
 serving on HOST:PORT`` once it serves, and stops on SIGTERM or SIGINT.
 
     python -m benchmarks.floor_server --store DIR [--answer METHOD=FILE ...] [--commit METHOD=BYTES ...]
-        [--turn METHOD=BYTES:FILE ...]
+        [--turn METHOD=BYTES:FILE ...] [--append METHOD=BYTES:FILE ...]
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import threading
 from collections.abc import Callable
 from concurrent import futures
 from pathlib import Path
+from typing import Any
 
 import grpc
 import lmdb
@@ -69,16 +71,26 @@ def committing(env: lmdb.Environment, keys: Callable[[], int], size: int) -> grp
     return grpc.unary_unary_rpc_method_handler(handle)
 
 
-def turning(env: lmdb.Environment, keys: Callable[[], int], size: int, answer: bytes) -> grpc.RpcMethodHandler:
+def whole(env: lmdb.Environment, keys: Callable[[], int], size: int, answer: bytes,
+          events_of: Callable[[bytes], Any]) -> grpc.RpcMethodHandler:
+    """All a writing call cannot skip: read its request, count the content of each event
+    ``events_of`` finds in it, commit ``size`` bytes, answer ``answer``."""
     commit, encoding = committer(env, keys, size), load_encoding("o200k_base")
 
-    def turn(request: bytes, context: grpc.ServicerContext) -> bytes:
-        for event in pb.AssembleContextRequest.FromString(request).append_events:
+    def call(request: bytes, context: grpc.ServicerContext) -> bytes:
+        for event in events_of(request):
             len(encoding.encode_ordinary(event.content))
         commit()
         return answer
 
-    return grpc.unary_unary_rpc_method_handler(turn)
+    return grpc.unary_unary_rpc_method_handler(call)
+
+
+# What --turn and --append read of their requests: the events whose contents they count.
+EVENTS_OF: dict[str, Callable[[bytes], Any]] = {
+    "turn": lambda request: pb.AssembleContextRequest.FromString(request).append_events,
+    "append": lambda request: pb.AppendEventsRequest.FromString(request).events,
+}
 
 
 def method_and_value(argument: str) -> tuple[str, str]:
@@ -92,15 +104,17 @@ def main() -> None:
     parser.add_argument("--answer", action="append", default=[], type=method_and_value, metavar="METHOD=FILE")
     parser.add_argument("--commit", action="append", default=[], type=method_and_value, metavar="METHOD=BYTES")
     parser.add_argument("--turn", action="append", default=[], type=method_and_value, metavar="METHOD=BYTES:FILE")
+    parser.add_argument("--append", action="append", default=[], type=method_and_value, metavar="METHOD=BYTES:FILE")
     parser.add_argument("--listen", default="127.0.0.1:0")
     args = parser.parse_args()
     env = lmdb.open(str(args.store), map_size=MAP_SIZE, sync=True, metasync=True)
     keys = itertools.count().__next__  # one key sequence for every commit METHOD: they share the environment
     handlers = {method: answering(Path(file).read_bytes()) for method, file in args.answer}
     handlers |= {method: committing(env, keys, int(size)) for method, size in args.commit}
-    for method, value in args.turn:
-        size, _, file = value.partition(":")
-        handlers[method] = turning(env, keys, int(size), Path(file).read_bytes())
+    for kind in EVENTS_OF:
+        for method, value in getattr(args, kind):
+            size, _, file = value.partition(":")
+            handlers[method] = whole(env, keys, int(size), Path(file).read_bytes(), EVENTS_OF[kind])
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
     health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)

@@ -34,7 +34,10 @@ RPC's p50 by up to 16% here. Each row, a figure / its floor:
   a commit of its bytes;
 - AppendEvents of 100 events (one durable commit) / tiktoken o200k_base counting the same 100
   texts in this process (``encode_ordinary``, as the sidecar counts), timed in the same rounds,
-  plus the bare RPC's p50;
+  plus the bare RPC's p50: the issue's floor, which leaves out the call's durable commit;
+- the same AppendEvents / all it cannot skip, in one handler of the floor server: reading the
+  request, counting its 100 events with tiktoken, one durable commit of the bytes the call writes,
+  and sending its answer (pre-built);
 - ListMemory by relevance (BM25, 2,000-token budget, ``memory``'s query: a word found in most
   entries and two rare ones) / ListMemory by recency on the same ref.
 
@@ -89,6 +92,9 @@ ANSWERS = {"assemble 32k": "AssembleContext32k", "client assemble 8k": "Assemble
            "stacked assemble": "AssembleContextStacked"}
 COMMITS = {"turn": "Turn", "stacked turn": "StackedTurn", "record": "RecordSummary"}
 WHOLE_TURN = "TurnWhole"  # the floor server's method doing all a turn cannot skip
+WHOLE_APPEND = "AppendWhole"  # and all AppendEvents cannot skip
+# Each writing call, and the floor call whose commit is made as large as what it writes.
+WRITES = {**{figure: f"floor {figure}" for figure in COMMITS}, "append": "floor whole append"}
 
 
 @dataclass(frozen=True)
@@ -148,7 +154,8 @@ def load_sidecar(channel: grpc.Channel, client: Client, events: int, rounds: int
     stacked_answer = stub.AssembleContext(pinned)
     stacked = summaries.writing_calls(stub, state, corpus.contents(rounds + 64, seed=11))
     texts = corpus.contents(APPENDED, seed=13)
-    appends = compare_trees.append_requests(texts, WARMUP + rounds)
+    # The rounds' appends, the calibration's (``written_per_call``) and one for the floor's answer.
+    appends = compare_trees.append_requests(texts, WARMUP + rounds + CALIBRATION + 1)
     recency = pb.ListMemoryRequest(memory_ref=memory.REF, token_budget=memory.BUDGET)
     relevance = pb.ListMemoryRequest(memory_ref=memory.REF, token_budget=memory.BUDGET, rank="relevance",
                                      query=memory.QUERY)
@@ -180,7 +187,8 @@ def load_sidecar(channel: grpc.Channel, client: Client, events: int, rounds: int
                                                   append_events=[turn_event]),
         "record": pb.RecordSummaryRequest(run_id=summaries.RUN, iteration=state["iteration"], strategy="recursive",
                                           replaced_event_ids=[state["refs"][-1], state["unsummarised"][0]],
-                                          summary_text=summaries.summary_text(STACKED))}
+                                          summary_text=summaries.summary_text(STACKED)),
+        "append": next(compare_trees.append_requests(texts, 1))}
     answers = {"assemble 32k": whole, "client assemble 8k": small_answer, "stacked assemble": stacked_answer}
     details = {name: f"{len(answer.entries)} entries, {answer.ByteSize() / 1024:.0f} KiB"
                for name, answer in answers.items()}
@@ -196,19 +204,22 @@ def floor_put_size(written: int) -> int:
 
 @contextmanager
 def floor_server_for(folder: Path, answers: dict[str, Any], commit_bytes: dict[str, int],
-                     turn_answer: Any) -> Iterator[Serving]:
+                     turn_answer: Any, append_answer: Any) -> Iterator[Serving]:
     """The floor server, answering ``answers`` (by figure) and committing ``commit_bytes`` (by
-    figure); its whole turn commits a turn's bytes and answers ``turn_answer``."""
+    figure); its whole turn commits a turn's bytes and answers ``turn_answer``, its whole append
+    an append's bytes and ``append_answer``."""
     arguments = ["--store", str(folder / "floor-lmdb")]
     for figure, answer in answers.items():
         path = folder / f"{ANSWERS[figure]}.bin"
         path.write_bytes(answer.SerializeToString())
         arguments += ["--answer", f"{ANSWERS[figure]}={path}"]
-    for figure, size in commit_bytes.items():
-        arguments += ["--commit", f"{COMMITS[figure]}={floor_put_size(size)}"]
-    path = folder / f"{WHOLE_TURN}.bin"
-    path.write_bytes(turn_answer.SerializeToString())
-    arguments += ["--turn", f"{WHOLE_TURN}={floor_put_size(commit_bytes['turn'])}:{path}"]
+    for figure, method in COMMITS.items():
+        arguments += ["--commit", f"{method}={floor_put_size(commit_bytes[figure])}"]
+    for option, method, figure, answer in (("--turn", WHOLE_TURN, "turn", turn_answer),
+                                           ("--append", WHOLE_APPEND, "append", append_answer)):
+        path = folder / f"{method}.bin"
+        path.write_bytes(answer.SerializeToString())
+        arguments += [option, f"{method}={floor_put_size(commit_bytes[figure])}:{path}"]
     with serving([sys.executable, "-m", "benchmarks.floor_server", *arguments], floor_server.READY) as server:
         yield server
 
@@ -231,6 +242,7 @@ def floor_calls(channel: grpc.Channel, client: Client, sidecar: Sidecar) -> dict
         response = pb.RecordSummaryResponse if figure == "record" else pb.AssembleContextResponse
         calls[f"floor {figure}"] = unary(method, sidecar.requests[figure], response)
     calls["floor whole turn"] = unary(WHOLE_TURN, sidecar.requests["turn"], pb.AssembleContextResponse)
+    calls["floor whole append"] = unary(WHOLE_APPEND, sidecar.requests["append"], pb.AppendEventsResponse)
     return calls
 
 
@@ -259,6 +271,9 @@ def rows_of(sidecar: Sidecar, written: dict[str, int], events: int, entries: int
         Row("RecordSummary (recursive)", commit("record"), "record", "floor record"),
         Row(f"AppendEvents of {APPENDED} events", f"tiktoken o200k counting the {APPENDED} texts + bare RPC",
             "append", "tiktoken", plus_bare=True),
+        Row("the same AppendEvents beside all it cannot skip",
+            f"reading the request, counting its {APPENDED} events (tiktoken), one durable commit of its "
+            f"{written['append']:,} B, sending its answer pre-built", "append", "floor whole append"),
         Row(f"ListMemory relevance, {entries:,} entries, a near-stopword in the query",
             "ListMemory recency, same ref", "relevance", "recency"),
     ]
@@ -277,12 +292,13 @@ def measure(args: argparse.Namespace) -> dict:
         client = stack.enter_context(Client(sidecar_server.address))
         sidecar = load_sidecar(channel, client, args.events, args.rounds)
         print(f"loaded the runs in {time.perf_counter() - started:.1f} s", file=sys.stderr)
-        written = {figure: written_per_call(sidecar_server.process.pid, sidecar.calls[figure]) for figure in COMMITS}
-        turn_answer = sidecar.calls["turn"]()  # a turn's answer, for the floor of all a turn cannot skip
-        floor = stack.enter_context(floor_server_for(folder, sidecar.answers, written, turn_answer))
+        written = {figure: written_per_call(sidecar_server.process.pid, sidecar.calls[figure]) for figure in WRITES}
+        # A turn's answer and an append's, for the floors of all each cannot skip.
+        turn_answer, append_answer = sidecar.calls["turn"](), sidecar.calls["append"]()
+        floor = stack.enter_context(floor_server_for(folder, sidecar.answers, written, turn_answer, append_answer))
         floor_channel = stack.enter_context(channel_to(floor.address))
         floors = floor_calls(floor_channel, stack.enter_context(Client(floor.address)), sidecar)
-        floor_written = {figure: written_per_call(floor.process.pid, floors[f"floor {figure}"]) for figure in COMMITS}
+        floor_written = {figure: written_per_call(floor.process.pid, floors[call]) for figure, call in WRITES.items()}
         samples = interleaved({**sidecar.calls, **floors}, args.rounds, WARMUP, random.Random(1))
         changed = [figure for figure, answer in sidecar.answers.items()
                    if sidecar.calls[figure]().SerializeToString() != answer.SerializeToString()]
@@ -304,7 +320,7 @@ def report(args: argparse.Namespace, samples: dict[str, Samples], rows: list[Row
     return {"rounds": args.rounds, "events": args.events, "memory_entries": args.memory_entries,
             "bare_p50_us": round(samples["bare"].p50), "client_bare_p50_us": round(samples["client bare"].p50),
             "floor_server_bare_p50_us": round(samples["floor bare"].p50),
-            "bytes_written": {figure: {"call": written[figure], "floor": floor_written[figure]} for figure in COMMITS},
+            "bytes_written": {figure: {"call": written[figure], "floor": floor_written[figure]} for figure in WRITES},
             "rows": figures}
 
 
