@@ -47,6 +47,12 @@ NO_MESSAGES = "(No messages yet.)"
 
 _OTHER_ROLES = frozenset(("system", "user", "tool"))  # everyone's but the assistant's
 
+# A tool call's arguments clipped (sidecar.transcript.window.clip_frame) are this one JSON object,
+# whose one string is the arguments' text cut by the elision marker: the text cut is not JSON, and
+# Anthropic's tool_use input must be an object (OpenAI's arguments string then holds the same
+# one). The key tells the model these are not the arguments as its tool takes them.
+CLIPPED_ARGUMENTS = ('{"clipped_arguments":', "}")
+
 # A section's stability: how often it may change, hence where it goes in a cached prefix.
 STATIC, PER_TASK, PER_TURN = "static", "per_task", "per_turn"
 
@@ -476,11 +482,11 @@ _MEMOISED_ARGUMENTS_CHARS = 4096  # longer arguments are checked on each renderi
 
 def _arguments(item: HistoryItem) -> str:
     """The tool call's arguments, checked to be one JSON object, as they are: the text parsed
-    as one, so it needs no re-serialisation."""
+    as one, so it needs no re-serialisation. A text that is not one is fed as clipped."""
     text = item.text
     problem = _arguments_problem(text) if len(text) <= _MEMOISED_ARGUMENTS_CHARS else _object_problem(text)
-    if problem:
-        raise ValueError(f"tool call {item.event_id!r}: {problem}")
+    if problem:  # a call's arguments are checked when appended: only a clip kept from before clips were objects
+        return CLIPPED_ARGUMENTS[0] + encode_basestring(text) + CLIPPED_ARGUMENTS[1]
     return text
 
 

@@ -9,6 +9,7 @@ own). tiktoken counts use ``encode_ordinary``: text that looks like a special to
 from __future__ import annotations
 
 from collections.abc import Callable
+from json.encoder import encode_basestring  # the C encoder: json.dumps(s, ensure_ascii=False) for a str
 from pathlib import Path
 from typing import Protocol
 
@@ -27,14 +28,16 @@ class TokenCounter(Protocol):
     def count(self, text: str) -> int:
         """Tokens of ``text`` in this counter's unit."""
 
-    def clip(self, text: str, target: int, opening: str = "", closing: str = "") -> str:
+    def clip(self, text: str, target: int, opening: str = "", closing: str = "", quote: bool = False) -> str:
         """``opening + text + closing`` if it fits ``target``, else ``opening`` + the first units
         of ``text`` + elision marker + its last units + ``closing``, counting <= target; "" when
         even ``opening`` + marker + ``closing`` does not fit. A caller that must never feed a
         text emptied without a marker (the window) holds ``target`` at or above
-        :meth:`marked_minimum`."""
+        :meth:`marked_minimum`. ``quote``: what goes between ``opening`` and ``closing`` is fed
+        as one JSON string (so a tool call's clipped arguments can stay one JSON object), and
+        counted so."""
 
-    def marked_minimum(self, units: int, opening: str = "", closing: str = "") -> int:
+    def marked_minimum(self, units: int, opening: str = "", closing: str = "", quote: bool = False) -> int:
         """The count of the smallest clipped form of a text of ``units`` units: ``opening`` +
         elision marker + ``closing``. No clip of such a text fits a target below it."""
 
@@ -43,29 +46,41 @@ def elision_marker(elided: int, unit: str) -> str:
     return f"\n[... {elided} {unit} elided ...]\n"
 
 
-def _marked_minimum(count: Callable[[str], int], units: int, unit: str, opening: str, closing: str) -> int:
-    return count(opening + elision_marker(units, unit) + closing)
+def _as_is(text: str) -> str:
+    return text
+
+
+def _wrap(quote: bool) -> Callable[[str], str]:
+    """What goes between a clip's opening and closing: the text, or the text as a JSON string."""
+    return encode_basestring if quote else _as_is
+
+
+def _marked_minimum(count: Callable[[str], int], units: int, unit: str, opening: str, closing: str,
+                    quote: bool) -> int:
+    return count(opening + _wrap(quote)(elision_marker(units, unit)) + closing)
 
 
 def _clip(total: int, render: Callable[[int, int], tuple[str, str]], count: Callable[[str], int],
-          target: int, unit: str, opening: str, closing: str) -> str:
+          target: int, unit: str, opening: str, closing: str, quote: bool) -> str:
     """Keep the first and last units of a text of ``total`` units, between ``opening`` and
     ``closing`` (kept whole), so the result fits ``target``; "" when no marked form fits.
+    ``quote``: the kept units and the marker between them are one JSON string.
 
     ``render(head, tail)`` gives the text of the first ``head`` and last ``tail`` units. Every
     candidate is counted whole (tokens can merge across the joins), so the result's count is a
     recount of exactly what is fed. The search is deterministic: the same text and target always
     give the same bytes.
     """
-    marker_only = opening + elision_marker(total, unit) + closing
-    floor = _marked_minimum(count, total, unit, opening, closing)
+    wrap = _wrap(quote)
+    marker_only = opening + wrap(elision_marker(total, unit)) + closing
+    floor = count(marker_only)
     if floor > target:
         return ""
     keep = target - floor
     while keep > 0:
         head, tail = (keep + 1) // 2, keep // 2
         head_text, tail_text = render(head, tail)
-        candidate = opening + head_text + elision_marker(total - head - tail, unit) + tail_text + closing
+        candidate = opening + wrap(head_text + elision_marker(total - head - tail, unit) + tail_text) + closing
         used = count(candidate)
         if used <= target:
             return candidate
@@ -81,9 +96,9 @@ class TiktokenCounter:
     def count(self, text: str) -> int:
         return len(self._encoding.encode_ordinary(text))
 
-    def clip(self, text: str, target: int, opening: str = "", closing: str = "") -> str:
+    def clip(self, text: str, target: int, opening: str = "", closing: str = "", quote: bool = False) -> str:
         tokens = self._encoding.encode_ordinary(text)
-        whole = opening + text + closing
+        whole = opening + _wrap(quote)(text) + closing
         if (len(tokens) if whole == text else self.count(whole)) <= target:
             return whole
         decode = self._encoding.decode_bytes
@@ -94,10 +109,10 @@ class TiktokenCounter:
             tail_text = decode(tokens[len(tokens) - tail:]).decode("utf-8", "ignore") if tail else ""
             return head_text, tail_text
 
-        return _clip(len(tokens), render, self.count, target, "tokens", opening, closing)
+        return _clip(len(tokens), render, self.count, target, "tokens", opening, closing, quote)
 
-    def marked_minimum(self, units: int, opening: str = "", closing: str = "") -> int:
-        return _marked_minimum(self.count, units, "tokens", opening, closing)
+    def marked_minimum(self, units: int, opening: str = "", closing: str = "", quote: bool = False) -> int:
+        return _marked_minimum(self.count, units, "tokens", opening, closing, quote)
 
 
 class CharsCounter:
@@ -108,15 +123,16 @@ class CharsCounter:
     def count(self, text: str) -> int:
         return fastcore.count_code_points(text.encode("utf-8"))
 
-    def clip(self, text: str, target: int, opening: str = "", closing: str = "") -> str:
+    def clip(self, text: str, target: int, opening: str = "", closing: str = "", quote: bool = False) -> str:
         total = self.count(text)
-        if self.count(opening) + total + self.count(closing) <= target:
-            return opening + text + closing
+        whole = opening + _wrap(quote)(text) + closing
+        if self.count(whole) <= target:
+            return whole
         return _clip(total, lambda head, tail: (text[:head], text[total - tail:] if tail else ""),
-                     self.count, target, "chars", opening, closing)
+                     self.count, target, "chars", opening, closing, quote)
 
-    def marked_minimum(self, units: int, opening: str = "", closing: str = "") -> int:
-        return _marked_minimum(self.count, units, "chars", opening, closing)
+    def marked_minimum(self, units: int, opening: str = "", closing: str = "", quote: bool = False) -> int:
+        return _marked_minimum(self.count, units, "chars", opening, closing, quote)
 
 
 class HostDefinedCounter:
@@ -128,12 +144,12 @@ class HostDefinedCounter:
         raise ValidationError.field(
             "token_counter", "host-defined counts come from the host; the sidecar cannot count text in them")
 
-    def clip(self, text: str, target: int, opening: str = "", closing: str = "") -> str:
+    def clip(self, text: str, target: int, opening: str = "", closing: str = "", quote: bool = False) -> str:
         raise TokenBudgetExceeded(
             "the active turn alone exceeds the token budget and host-defined text cannot be clipped "
             "by the sidecar; send the turn's events smaller or give the run a larger budget")
 
-    def marked_minimum(self, units: int, opening: str = "", closing: str = "") -> int:
+    def marked_minimum(self, units: int, opening: str = "", closing: str = "", quote: bool = False) -> int:
         self.clip("", 0)  # raises: the sidecar can neither count nor clip host-defined text
         return 0
 

@@ -41,7 +41,6 @@ from sidecar.settings import ClearingSettings
 from sidecar.storage.codec import StoredEvent
 from sidecar.storage.keys import Txn
 from sidecar.telemetry import metrics
-from sidecar.text.fencing import split_block
 from sidecar.transcript.log import LogWriter, prefix_end
 from sidecar.transcript.runs import SIDECAR_ID_PREFIX, Deps
 from sidecar.transcript.schema import (
@@ -60,6 +59,7 @@ from sidecar.transcript.schema import (
     window_at,
 )
 from sidecar.transcript.summaries import append_compaction, in_force
+from sidecar.transcript.window import clip_frame
 
 CLEARED_TYPE = "context.cleared"
 _COUNT = struct.Struct("<III")
@@ -116,8 +116,8 @@ def _keep_clips(deps: Deps, writer: LogWriter, iteration: int, budget: int) -> b
     for seq, text, tokens in clipped:
         original = read_event(txn, db, key, seq)
         if tokens > budget // 2:
-            opening, inside, closing = split_block(original.content) or ("", original.content, "")
-            shorter = counter.clip(inside, budget // 2, opening, closing)
+            opening, inside, closing, quote = clip_frame(original)
+            shorter = counter.clip(inside, budget // 2, opening, closing, quote)
             if shorter:  # else the marker and the block's lines alone pass half the budget: keep the turn's clip
                 text, tokens = shorter, counter.count(shorter)
         _put_form(writer, original, "clipped", text, tokens, iteration)

@@ -12,6 +12,7 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 
 import fastcore
+from sidecar.context_window.rendering import CLIPPED_ARGUMENTS
 from sidecar.errors import TokenBudgetExceeded, TranscriptWindowExceeded
 from sidecar.storage.codec import StoredEvent, decode_event
 from sidecar.storage.keys import Txn
@@ -254,26 +255,32 @@ def fair_cap(sizes: list[int], floors: list[int], budget: int) -> int | None:
     return low
 
 
+def clip_frame(event: StoredEvent) -> tuple[str, str, str, bool]:
+    """How ``event`` is clipped: (opening, inside, closing, quote) for ``TokenCounter.clip``.
+    Only ``inside`` is elided: an untrusted block keeps its opening line, preamble and closing
+    line; a tool call's arguments become one string in ``CLIPPED_ARGUMENTS``."""
+    if event.tool_name:
+        return CLIPPED_ARGUMENTS[0], event.content, CLIPPED_ARGUMENTS[1], True
+    block = split_block(event.content)
+    return (*block, False) if block is not None else ("", event.content, "", False)
+
+
 def clip_mandatory(counter: TokenCounter, events: list[StoredEvent], budget: int) -> dict[int, str]:
     """The clipped texts (by seq) that make the active turn fit ``budget``: water-filling to a
-    common cap whose clips all carry the marker; an untrusted block keeps its opening line,
-    preamble and closing line, only its content elided. Raises token_budget_exceeded when no
-    such cap exists."""
-    frames = []
-    for event in events:
-        block = split_block(event.content)
-        frames.append(block if block is not None else ("", event.content, ""))
+    common cap whose clips all carry the marker, each in its frame (``clip_frame``). Raises
+    token_budget_exceeded when no such cap exists."""
+    frames = [clip_frame(event) for event in events]
     sizes = [event.tokens for event in events]
-    floors = [counter.marked_minimum(event.tokens, opening, closing) if event.tokens else 0
-              for event, (opening, _, closing) in zip(events, frames)]
+    floors = [counter.marked_minimum(event.tokens, opening, closing, quote) if event.tokens else 0
+              for event, (opening, _, closing, quote) in zip(events, frames)]
     cap = fair_cap(sizes, floors, budget)
     if cap is None:
         raise _over_budget(budget)
     clipped = {}
-    for event, (opening, inside, closing), floor in zip(events, frames, floors):
+    for event, (opening, inside, closing, quote), floor in zip(events, frames, floors):
         target = max(cap, floor)
         if event.tokens > target:
-            text = counter.clip(inside, target, opening, closing)
+            text = counter.clip(inside, target, opening, closing, quote)
             if not text:  # the marker of the content's own count would not fit where the whole's did
                 raise _over_budget(budget)
             clipped[event.seq] = text

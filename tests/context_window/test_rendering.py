@@ -675,10 +675,12 @@ def test_a_repeated_call_id_is_fed_as_text() -> None:
 
 @pytest.mark.parametrize("arguments", ["[1, 2]", "not json", '"a string"', "", '{"a": NaN}', '{"a": 1} x',
                                        "null"])
-def test_a_tool_call_without_an_object_for_arguments_is_a_defect(arguments: str) -> None:
+def test_a_tool_call_without_an_object_for_arguments_is_fed_as_clipped(arguments: str) -> None:
+    # Appends refuse such arguments; only a clip persisted before clips were kept as objects has them.
     history = [item("u1", "user", "go"), call("bad-call-7", "k1", arguments), result("r1", "k1", "x")]
-    with pytest.raises(ValueError, match="bad-call-7"):
-        anthropic_messages(anthropic_static(STATIC, TOOLS), TASK, history)
+    uses = [block for message in render_anthropic(history)["messages"] for block in message["content"]
+            if block["type"] == "tool_use"]
+    assert [use["input"] for use in uses] == [{"clipped_arguments": arguments}]
 
 
 def test_an_unknown_role_is_a_defect() -> None:

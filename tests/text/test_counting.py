@@ -7,6 +7,7 @@ implementation; `chars` against Python's own code-point length.
 from __future__ import annotations
 
 import gzip
+import json
 import random
 import shutil
 from pathlib import Path
@@ -86,6 +87,25 @@ def test_clip_fits_its_target_and_keeps_head_and_tail(counters: Counters, indepe
             if target >= 100:  # room for real content besides the marker
                 assert len(head) > 0 and len(tail) > 0
                 assert used >= target - counter.count(elision_marker(total, unit)) // 2 - 4
+
+
+@pytest.mark.parametrize("name", ["o200k_base", "chars"])
+def test_a_quoted_clip_is_one_json_string_between_its_frame(counters: Counters, independent, name: str) -> None:
+    # A tool call's arguments clipped: the kept head, the marker and the tail as one JSON string.
+    counter = counters.get(name)
+    arguments = json.dumps({"path": "a.py", "content": 'print("x")\n\tif a < b: return "\\"\n' * 400})
+    opening, closing = '{"clipped_arguments":', "}"
+    floor = counter.marked_minimum(counter.count(arguments), opening, closing, quote=True)
+    for target in (floor, floor + 7, 60, 300, counter.count(arguments) - 1):
+        clipped = counter.clip(arguments, target, opening, closing, quote=True)
+        used = counter.count(clipped)
+        if name != "chars":
+            assert used == len(independent[name].encode_ordinary(clipped))
+        assert used <= target
+        kept = json.loads(clipped)["clipped_arguments"]
+        head, _, rest = kept.partition("\n[... ")
+        assert arguments.startswith(head) and arguments.endswith(rest.partition(" elided ...]\n")[2])
+    assert counter.clip(arguments, floor - 1, opening, closing, quote=True) == ""
 
 
 def test_encodings_load_offline_from_the_bundled_files() -> None:

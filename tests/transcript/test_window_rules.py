@@ -179,3 +179,55 @@ def test_a_block_that_cannot_keep_its_lines_within_the_budget_is_refused(start_s
     # The block's opening line, preamble, marker and closing line alone are over 25 tokens.
     refused_writing_nothing(stub, pb.AssembleContextRequest(run_id="run", iteration=1, append_events=[
         ev("r", role="tool", type="tool_result", content="word " * 2000)]), "token_budget_exceeded")
+
+
+# -- a clipped tool call stays one JSON object ---------------------------------------------------
+
+def rendered_calls(stub, run_id: str, iteration: int) -> tuple[dict, dict]:
+    """The call's arguments as each render form feeds them: Anthropic's tool_use ``input`` (an
+    object) and OpenAI's function_call ``arguments`` (a string), for the same iteration."""
+    def body(form: str) -> dict:
+        answer = stub.AssembleContext(pb.AssembleContextRequest(run_id=run_id, iteration=iteration, render=form))
+        return json.loads(answer.rendered)
+
+    uses = [block for message in body("anthropic_messages")["messages"] if isinstance(message["content"], list)
+            for block in message["content"] if block["type"] == "tool_use"]
+    calls = [item for item in body("openai_responses")["input"] if item.get("type") == "function_call"]
+    return {u["id"]: u["input"] for u in uses}, {c["call_id"]: c["arguments"] for c in calls}
+
+
+def test_a_clipped_tool_call_is_fed_as_one_json_object_in_both_forms(start_server, counters) -> None:
+    stub = start_server(token_counter="o200k_base", transcript_token_budget=300).stub
+    count = counters.get("o200k_base").count
+    stub.OpenRun(pb.OpenRunRequest(run_id="run", profile=pb.Profile(tools=[pb.ToolDefinition(
+        name="write_file", description="Write a file.", parameters_json='{"type": "object"}')])))
+    arguments = json.dumps({"path": "notes.txt", "content": 'a "quoted" line of the notes, with a \\ too\n' * 300})
+    turn = [ev("u", content="Write the notes."),
+            ev("c", role="assistant", type="tool_call", call_id="k", tool_name="write_file", content=arguments),
+            ev("r", role="tool", type="tool_result", call_id="k", content="written")]
+    rendered = stub.AssembleContext(pb.AssembleContextRequest(run_id="run", iteration=1, append_events=turn,
+                                                              render="anthropic_messages")).rendered
+    answer = stub.AssembleContext(pb.AssembleContextRequest(run_id="run", iteration=1))  # its entries
+    entry = {e.event_id: e for e in answer.entries}["c"]
+    assert entry.clipped_from_tokens == count(arguments) and entry.tokens == count(entry.text)
+    assert answer.token_count == sum(e.tokens for e in answer.entries) <= 300
+    # What is counted is what is fed: one JSON object naming the clip, its one string the
+    # arguments' head, the elision marker and their tail.
+    fed = json.loads(entry.text)
+    assert list(fed) == ["clipped_arguments"]
+    head, marker, tail = fed["clipped_arguments"].split("\n", 2)[0], "tokens elided ...]", arguments[-20:]
+    assert arguments.startswith(head) and marker in fed["clipped_arguments"]
+    assert fed["clipped_arguments"].endswith(tail)
+    # Both forms feed it, re-assembled: Anthropic's input is that object, OpenAI's arguments its text.
+    anthropic, openai = rendered_calls(stub, "run", 1)
+    assert anthropic == {"k": fed} and openai == {"k": entry.text}
+    assert json.loads(rendered) == json.loads(stub.AssembleContext(pb.AssembleContextRequest(
+        run_id="run", iteration=1, render="anthropic_messages")).rendered), "the turn's body, given again"
+    # The next turn keeps the call clipped (to half the budget at most): still one object.
+    stub.AssembleContext(pb.AssembleContextRequest(
+        run_id="run", iteration=2, append_events=[ev("u2", content="Thanks.")], render="anthropic_messages"))
+    later = stub.AssembleContext(pb.AssembleContextRequest(run_id="run", iteration=2))
+    kept = {e.event_id: e for e in later.entries}["c"]
+    assert kept.tokens == count(kept.text) <= 150 and list(json.loads(kept.text)) == ["clipped_arguments"]
+    anthropic, openai = rendered_calls(stub, "run", 2)
+    assert anthropic == {"k": json.loads(kept.text)} and openai == {"k": kept.text}
