@@ -25,7 +25,7 @@ from sidecar.storage.keys import Txn
 from sidecar.telemetry import tracing
 from sidecar.text.counting import Counters
 from sidecar.text.fencing import fence
-from sidecar.text.redaction import Redactor, redact_json_text
+from sidecar.text.redaction import Redactor, redact_json_text, refuse_secrets
 from sidecar.transcript import forks
 from sidecar.transcript.bounded import BoundedCache
 from sidecar.transcript.log import (
@@ -114,10 +114,13 @@ class Transcripts:
         """Before an event is counted or stored: SR-1 (its content is redacted; a tool call's
         JSON arguments string by string, so they stay JSON), then untrusted content (every role
         "tool" event's, and events marked untrusted) goes inside the untrusted-data block. The
-        count and the budget are then of exactly what is fed."""
+        count and the budget are then of exactly what is fed. A tool call's tool name and call id
+        are identifiers, fed as they are: one holding a secret is refused, like a tool's name."""
         sanitised = []
         redact = self._redactor.redacting(tenant, run_id)
         for i, event in enumerate(events):
+            refuse_secrets(redact, [(f"{field}[{i}].tool_name", event.tool_name),
+                                    (f"{field}[{i}].call_id", event.call_id)])
             if event.tool_name:
                 content = redact_json_text(event.content, redact, f"{field}[{i}].content")[0]
             else:

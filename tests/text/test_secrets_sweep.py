@@ -237,3 +237,41 @@ def test_an_identifier_holding_a_secret_is_refused_not_stored(start_server, capl
     state = stub.GetState(pb.GetStateRequest(run_id="run")).SerializeToString()
     for needle in (secret, key):
         assert needle.encode() not in stored and needle.encode() not in state and needle not in caplog.text
+
+
+def test_an_events_tool_name_or_call_id_holding_a_secret_is_refused_on_every_path(start_server, caplog) -> None:
+    """An event's tool name is the tool definition's name, and its call id is fed as the call's id
+    in both renderings: identifiers, refused like a tool's name when they hold a secret, naming
+    the field, with nothing written (AppendEvents, AssembleContext, and on a replay fork)."""
+    caplog.set_level(logging.DEBUG)
+    sidecar = start_server(token_counter="chars")
+    stub = sidecar.stub
+    secret = "toolcanary-0005"
+    stub.RegisterSecrets(pb.RegisterSecretsRequest(secrets=[pb.Secret(secret_id="tools", value=secret)]))
+    stub.AppendEvents(pb.AppendEventsRequest(run_id="run", events=[
+        pb.Event(event_id="u0", iteration=1, role="user", content="hi")]))
+    stub.ForkRun(pb.ForkRunRequest(source_run_id="run", new_run_id="fork", from_seq=0, mode="replay"))
+
+    def call(held: str, where: str) -> pb.Event:
+        names = {"tool_name": "search", "call_id": "k", where: held}
+        return pb.Event(event_id="c", iteration=1, role="assistant", type="tool_call", content='{"q": "x"}', **names)
+
+    for held in (secret, detected("toolname"), f"x-{detected('toolname')}"):
+        for where in ("tool_name", "call_id"):
+            refused = {
+                f"events[0].{where}": (stub.AppendEvents, pb.AppendEventsRequest(run_id="run",
+                                                                                events=[call(held, where)])),
+                f"append_events[0].{where}": (stub.AssembleContext, pb.AssembleContextRequest(
+                    run_id="run", iteration=1, append_events=[call(held, where)], render="anthropic_messages")),
+                f"append_events[0].{where} (fork)": (stub.AssembleContext, pb.AssembleContextRequest(
+                    run_id="fork", iteration=1, append_events=[call(held, where)], render="openai_responses")),
+            }
+            for field, (method, request) in refused.items():
+                assert call_error(method, request) == (grpc.StatusCode.INVALID_ARGUMENT, "validation_error",
+                                                       [field.split(" ")[0]]), (field, held)
+    for run_id in ("run", "fork"):
+        assert [e.event_id for e in stub.ListRunEvents(pb.ListRunEventsRequest(run_id=run_id)).events] == \
+            (["u0"] if run_id == "run" else []), "nothing written"
+    stored = (Path(sidecar.services.store.env.path()) / "data.mdb").read_bytes()
+    for needle in (secret, detected("toolname")):
+        assert needle.encode() not in stored and needle not in caplog.text
