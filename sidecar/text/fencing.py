@@ -46,6 +46,7 @@ _BLOCK = 1024
 # Each pass strikes every occurrence and cannot make a new one (the marker's brackets separate what
 # was either side of it); the bound only stops a loop should that ever turn out false.
 _MAX_PASSES = 4
+_MAX_RESOLVE = 4  # prototypes resolved through older versions' lines: one step is all the data needs
 
 # The fold of look-alikes comes from Unicode's confusables data (UTS #39: confusables.txt maps each
 # confusable character to a prototype, its skeleton), of which fence_confusables.txt holds the lines
@@ -55,7 +56,8 @@ _MAX_PASSES = 4
 # Greek tau and Cyrillic te, whose skeleton is the small capital T, count). The separators the tag
 # uses count too: look-alikes of - . _ are dropped with them, those of < > / = fold to them. (Not the
 # quote: its skeleton is two apostrophes, and without the word, struck in every spelling, a quote
-# makes no block boundary.)
+# makes no block boundary.) Lines of older versions are kept for characters the newest no longer
+# maps (merged_confusables): a glyph does not stop looking like a letter when Unicode drops it.
 _CONFUSABLES_DATA = "fence_confusables.txt"
 _DROPPED_SEPARATORS = "-._"
 _KEPT_PUNCTUATION = "<>/="
@@ -134,12 +136,37 @@ def _confusable_folds(mapping: dict[str, str]) -> dict[str, str]:
     return chars
 
 
+def resolved(mapping: dict[str, str]) -> dict[str, str]:
+    """``mapping`` with each prototype's characters that are themselves mapped replaced by their
+    prototypes. One version of confusables.txt never maps a prototype; lines kept from an older
+    version can (U+037A's prototype is U+02DB, which 13.0 mapped to i and later versions map to
+    nothing), and the look-alike of a look-alike of i is one of i."""
+    result = dict(mapping)
+    for _ in range(_MAX_RESOLVE):
+        changed = {source: step for source, prototype in result.items()
+                   if (step := "".join(result.get(c, c) if c != source else c for c in prototype)) != prototype}
+        if not changed:
+            return result
+        result.update(changed)
+    raise ValueError("the confusables' prototypes map in a cycle")
+
+
+def merged_confusables(newest: dict[str, str], *older: dict[str, str]) -> dict[str, str]:
+    """The newest version's mapping, with each older version's mapping of a character no newer one
+    maps (Unicode drops mappings, but the glyphs still look alike), resolved."""
+    merged = dict(newest)
+    for mapping in older:
+        merged.update((source, prototype) for source, prototype in mapping.items() if source not in merged)
+    return resolved(merged)
+
+
 def _load_confusables() -> tuple[str, dict[str, str]]:
     """The fence's confusables data, checked: a missing or malformed file, or one that lacks a
     letter's look-alikes, stops the import rather than fold less."""
     try:
         text = resources.files("sidecar.text").joinpath(_CONFUSABLES_DATA).read_text(encoding="utf-8")
-        version, mapping = parse_confusables(text)
+        version, mapping = parse_confusables(text)  # the newest version's lines, then older ones'
+        mapping = resolved(mapping)
     except (OSError, ValueError) as error:
         raise RuntimeError(f"sidecar/{_CONFUSABLES_DATA}, the untrusted fence's confusables data, is missing or "
                            f"malformed ({error}): reinstall context-sidecar") from error
@@ -208,9 +235,11 @@ def _fold_tables(chars: dict[str, str], dropped: set[int]) -> tuple[dict[int, st
     before_nfkd: dict[int, str] = {}
     for char, fold in chars.items():
         folded = _unmarked(unicodedata.normalize("NFKD", char).casefold())
-        if folded.isascii() or (fold in _DROPPED_SEPARATORS + _KEPT_PUNCTUATION
-                                and all(ord(c) in dropped for c in folded)):
+        vanishes = all(ord(c) in dropped for c in folded)  # NFKD leaves nothing the fence keeps
+        if fold in _DROPPED_SEPARATORS + _KEPT_PUNCTUATION and vanishes:
             continue  # a look-alike of punctuation that is dropped already (such as a dash)
+        if folded.isascii() and not vanishes:
+            continue  # NFKD makes it ASCII: itself (the ogonek, a space and a mark, passes for 'i')
         if len(folded) != 1 or ord(folded) in dropped:
             if not fold.isalpha():
                 raise RuntimeError(f"U+{ord(char):04X} folds to {folded!r}, not to one code point the fence keeps")
