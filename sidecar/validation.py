@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import jsonschema
+import regex
 
 from sidecar.errors import ValidationError
 
@@ -21,6 +22,17 @@ T = TypeVar("T")
 MAX_ID_BYTES = 256
 MAX_COUNT = 2**31 - 1  # counts, sequence numbers and token figures travel as int32 on the wire
 _CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f]")
+
+# The longest run a text may hold of letters (and marks), of whitespace, or of other symbols (and
+# marks): tiktoken's pre-tokeniser cuts text into pieces inside such runs only, and its BPE of one
+# piece costs more than linearly in its length (one 8 MiB word: ~10 s of CPU; 1 MiB of spaces
+# overflowed its regex's stack). Within it, cost grows with the log of a run's length: 8 MiB of
+# random letters in runs of this length cost ~4x the CPU of 8-letter random words (16K: ~3x), and
+# the counts stay tiktoken's own. A run this long is rare in text (a line of a genome at most).
+MAX_UNBROKEN_RUN = 65_536
+_RUN_STEP = MAX_UNBROKEN_RUN // 2  # a longer run holds two consecutive multiples of it
+_RUN_CLASSES = {"letters": r"\p{L}\p{M}", "whitespace": r"\s", "symbols": r"^\s\p{L}\p{N}"}
+_RUNS = {name: regex.compile(f"[{members}]*") for name, members in _RUN_CLASSES.items()}
 
 
 def check_id(field: str, value: str, *, required: bool = True, max_bytes: int = MAX_ID_BYTES) -> bytes:
@@ -37,10 +49,35 @@ def check_id(field: str, value: str, *, required: bool = True, max_bytes: int = 
 
 
 def check_text_bytes(field: str, text: str, limit: int, setting: str = "") -> str:
-    """The text, when its UTF-8 form is at most ``limit`` bytes; else the error naming ``field``
-    and, when a setting sets the limit, that setting."""
+    """The text, when its UTF-8 form is at most ``limit`` bytes and it holds no run longer than
+    ``MAX_UNBROKEN_RUN``; else the error naming ``field`` and, when a setting sets the limit,
+    that setting."""
     _check_size(field, len(text.encode("utf-8")), limit, setting)
+    check_unbroken_runs(field, text)
     return text
+
+
+def check_unbroken_runs(field: str, text: str) -> None:
+    """Refuse, naming ``field``, a text holding a run of more than ``MAX_UNBROKEN_RUN`` letters,
+    whitespace or symbols. Linear, and nearly free below the limit: only the characters at
+    multiples of half the limit start a scan, each run is scanned once from the first of them it
+    holds, and that one lies within half the limit of the run's start."""
+    if len(text) <= MAX_UNBROKEN_RUN:
+        return
+    for name, run in _RUNS.items():
+        scanned_to = 0
+        for at in range(0, len(text), _RUN_STEP):
+            if at < scanned_to:
+                continue  # inside the run scanned last
+            end = run.match(text, at).end()
+            scanned_to = end
+            if end - at + _RUN_STEP <= MAX_UNBROKEN_RUN:
+                continue  # the run began less than a step before ``at``
+            start = at - run.match(text[max(0, at - _RUN_STEP):at][::-1]).end()
+            if end - start > MAX_UNBROKEN_RUN:
+                raise ValidationError.field(
+                    field, f"holds an unbroken run of {end - start} {name} from character {start}; at most "
+                    f"{MAX_UNBROKEN_RUN} are allowed (tokenizers cannot split such a run cheaply): break it up")
 
 
 def _check_size(field: str, size: int, limit: int, setting: str = "") -> None:

@@ -39,7 +39,16 @@ from sidecar.transcript.schema import (
     read_ids,
     stored_id_chunk,
 )
-from sidecar.validation import MAX_COUNT, MAX_ID_BYTES, check_at_least, check_id, check_text_bytes, json_field
+from sidecar.validation import (
+    MAX_COUNT,
+    MAX_ID_BYTES,
+    MAX_UNBROKEN_RUN,
+    check_at_least,
+    check_id,
+    check_text_bytes,
+    check_unbroken_runs,
+    json_field,
+)
 
 MAX_EVENTS_PER_RUN = 2**31 - 1  # seq travels as int32
 ID_SEPARATOR_BYTES = ID_SEPARATOR.encode("utf-8")
@@ -186,6 +195,9 @@ def prepare_events(events: Sequence[NewEvent], field: str, defaults: ContextSett
             # making its field names up front cost more than checking them.
             bad = error.violations[0]
             raise ValidationError.field(f"{field}[{i}].{bad.field}", bad.description) from None
+    for i, event in enumerate(prepared):  # fastcore passes long runs: only a long content can hold one
+        if len(event.content) > MAX_UNBROKEN_RUN:
+            check_unbroken_runs(f"{field}[{i}].content", event.content)
     return prepared
 
 

@@ -69,7 +69,7 @@ from sidecar.transcript.summaries import (
 )
 from sidecar.transcript.turn import AssembledContext, Turn, TurnServices
 from sidecar.transcript.window import ReadBack, TranscriptWindow, from_record
-from sidecar.validation import check_at_least, check_id, page_size, page_within_bytes
+from sidecar.validation import check_at_least, check_id, check_unbroken_runs, page_size, page_within_bytes
 
 R = TypeVar("R")  # what a writing call's caller makes of its result (``respond``)
 RUN_COUNTERS = 65_536  # runs whose token counter is kept in memory (each a few bytes of key and name)
@@ -403,6 +403,8 @@ class Transcripts:
         """The counter's name and each text's count (CountTokens), within the same caps as an
         append; stops between texts once ``deadline`` passed."""
         check_request_size("texts", texts, self._deps.defaults)
+        for i, text in enumerate(texts):
+            check_unbroken_runs(f"texts[{i}]", text)
         counter = self._deps.counters.get(counter_name)
         counts = []
         with tracing.phase("count"):

@@ -36,7 +36,7 @@ def test_a_store_at_its_ceiling_is_full_and_keeps_nothing_of_the_failed_write(tm
     transcripts = Transcripts(store, counters, ContextSettings(token_counter="chars"))
     transcripts.append_events(TENANT, "run", [NewEvent("first", 1, "user", "", "kept")])
     with pytest.raises(StoreFull):
-        transcripts.append_events(TENANT, "run", [NewEvent(f"big{i}", 1, "user", "", "y" * 100_000)
+        transcripts.append_events(TENANT, "run", [NewEvent(f"big{i}", 1, "user", "", ("y" * 99 + " ") * 1000)
                                                   for i in range(20)])
     events, _ = transcripts.list_events(TENANT, "run", 0, 1000)
     assert [e.event_id for e in events] == ["first"]

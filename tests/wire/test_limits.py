@@ -11,10 +11,12 @@ import threading
 import grpc
 import pytest
 
+from sidecar.errors import ValidationError
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
 from sidecar.settings import ContextSettings
-from sidecar.validation import MAX_PAGE_BYTES
+from sidecar.text.encodings import load_encoding
+from sidecar.validation import MAX_PAGE_BYTES, MAX_UNBROKEN_RUN
 from tests.helpers import call_error, ev
 
 TOKEN = "tenant-a-token"
@@ -141,7 +143,7 @@ def test_a_page_of_large_events_is_bounded_by_bytes_and_none_is_lost(start_serve
     sent = [f"big{i}" for i in range(14)]  # ~14 MB: over three times the page bound
     for first in range(0, len(sent), 7):
         sidecar.stub.AppendEvents(pb.AppendEventsRequest(run_id="r", events=[
-            ev(event_id, 1, content=chr(ord("a") + i % 26) * event_bytes)
+            ev(event_id, 1, content=(chr(ord("a") + i % 26) * 1023 + " ") * 1000)
             for i, event_id in enumerate(sent[first:first + 7], first)]))
     received: list[str] = []
     pages, from_seq = 0, 0
@@ -161,7 +163,7 @@ def test_a_page_of_large_events_is_bounded_by_bytes_and_none_is_lost(start_serve
 def test_an_event_larger_than_the_page_bound_still_comes_back_alone(start_server) -> None:
     sidecar = start_server(token_counter="chars", max_event_bytes=MAX_PAGE_BYTES + 1024)
     sidecar.stub.AppendEvents(pb.AppendEventsRequest(run_id="r", events=[
-        ev("huge", 1, content="h" * (MAX_PAGE_BYTES + 1000)), ev("small", 1)]))
+        ev("huge", 1, content=("h" * 999 + " ") * (MAX_PAGE_BYTES // 1000 + 1)), ev("small", 1)]))
     # A client that takes larger messages than gRPC's default 4 MiB reads it.
     stub = pb_grpc.ContextSidecarStub(grpc.insecure_channel(
         sidecar.address, options=[("grpc.max_receive_message_length", 2 * MAX_PAGE_BYTES)]))
@@ -192,7 +194,7 @@ def test_get_state_history_is_bounded_by_bytes_and_keeps_the_newest(start_server
     sidecar = start_server(token_counter="chars", transcript_token_budget=100_000_000)
     for i in range(6):  # 6 x 1 MB: past the page bound
         sidecar.stub.AppendEvents(pb.AppendEventsRequest(run_id="r", events=[
-            ev(f"e{i}", 1, content=chr(ord("a") + i) * 1_000_000)]))
+            ev(f"e{i}", 1, content=(chr(ord("a") + i) * 999 + " ") * 1000)]))
     state = sidecar.stub.GetState(pb.GetStateRequest(run_id="r"))
     assert state.history_total == 6 and 1 <= len(state.history) < 6
     assert [e.event_id for e in state.history] == [f"e{i}" for i in range(6 - len(state.history), 6)]
@@ -237,3 +239,73 @@ def test_malformed_requests_log_short_rate_limited_lines(start_server, caplog) -
     suppressed = [(int(total), int(left)) for total, left in
                   re.findall(r"(\d+) bad requests in the last \d+ s; (\d+) of them not logged", text)]
     assert (1000, 990) in suppressed, text
+
+
+# -- one unbroken run ---------------------------------------------------------------------------
+
+def test_an_unbroken_run_longer_than_the_limit_is_refused_naming_the_field(start_server) -> None:
+    """tiktoken never cuts a run of letters, of whitespace or of symbols into pieces, and its cost
+    on one piece grows faster than its length (8 MiB of one word took ~10 s of CPU; 1 MiB of
+    spaces overflowed its stack and the call never answered): a longer run is refused."""
+    stub = start_server(token_counter="o200k_base", memory={"token_counter": "chars"}).stub
+    stub.OpenRun(pb.OpenRunRequest(run_id="r"))
+    refused = (grpc.StatusCode.INVALID_ARGUMENT, "validation_error")
+    runs = {"letters": "a" * (MAX_UNBROKEN_RUN + 1), "spaces": " " * (MAX_UNBROKEN_RUN + 1),
+            "symbols": "!" * (MAX_UNBROKEN_RUN + 1), "ideographs": "日" * (MAX_UNBROKEN_RUN + 1),
+            "letters and marks": "e\u0301" * (MAX_UNBROKEN_RUN // 2 + 1),
+            "symbols and marks": "!\u0301" * (MAX_UNBROKEN_RUN // 2 + 1)}
+    for name, run in runs.items():
+        text = f"before {run} after"
+        calls = {
+            "texts[1]": (stub.CountTokens, pb.CountTokensRequest(token_counter="o200k_base", texts=["fine", text])),
+            "events[1].content": (stub.AppendEvents, pb.AppendEventsRequest(run_id="r", events=[
+                ev("ok", 1), ev("long", 1, text)])),
+            "append_events[1].content": (stub.AssembleContext, pb.AssembleContextRequest(
+                run_id="r", iteration=1, append_events=[ev("ok", 1), ev("long", 1, text)])),
+            "profile.system_prompt": (stub.UpdateProfile, pb.UpdateProfileRequest(
+                run_id="r", profile=pb.Profile(system_prompt=text))),
+            "content": (stub.PutMemory, pb.PutMemoryRequest(memory_ref="m", entry_id="e", content=text)),
+        }
+        for field, (method, request) in calls.items():
+            code, reason, fields = call_error(method, request)
+            assert (code, reason, fields) == (*refused, [field]), (name, field)
+    assert stub.ListRunEvents(pb.ListRunEventsRequest(run_id="r")).events == [], "nothing written"
+    # At the limit, and in runs that add up to far more, texts are counted as tiktoken counts them.
+    encoding = load_encoding("o200k_base")
+    texts = ["a" * MAX_UNBROKEN_RUN, " " * MAX_UNBROKEN_RUN + "x", "!" * MAX_UNBROKEN_RUN,
+             ("b" * MAX_UNBROKEN_RUN + " ") * 4, ("日" * 1000 + "。") * 300]
+    counts = stub.CountTokens(pb.CountTokensRequest(token_counter="o200k_base", texts=texts)).counts
+    assert list(counts) == [len(encoding.encode_ordinary(text)) for text in texts]
+
+
+@pytest.mark.parametrize("limit", [1, 2, 3, 8, 9])
+def test_the_run_check_finds_exactly_the_runs_over_the_limit(monkeypatch, limit: int) -> None:
+    """The sampled scan against the plain definition: the longest run of each class, character by
+    character, on random texts (a small limit, so that runs cross the samples every way)."""
+    import random
+    import unicodedata
+
+    from sidecar import validation
+
+    monkeypatch.setattr(validation, "MAX_UNBROKEN_RUN", limit)
+    monkeypatch.setattr(validation, "_RUN_STEP", max(1, limit // 2))
+    classes = {"letters": lambda c: unicodedata.category(c)[0] in "LM", "whitespace": str.isspace,
+               "symbols": lambda c: not c.isspace() and unicodedata.category(c)[0] not in "LN"}
+
+    def longest(text: str, member) -> int:
+        best = length = 0
+        for char in text:
+            length = length + 1 if member(char) else 0
+            best = max(best, length)
+        return best
+
+    rng = random.Random(limit)
+    for _ in range(3000):
+        text = "".join(rng.choice("ab \n!?\u0301日7") for _ in range(rng.randrange(0, 40)))
+        over = any(longest(text, member) > limit for member in classes.values())
+        try:
+            validation.check_unbroken_runs("t", text)
+            refused = False
+        except ValidationError:
+            refused = True
+        assert refused == over, ascii(text)

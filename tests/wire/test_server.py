@@ -237,7 +237,7 @@ def test_a_store_that_cannot_grow_is_resource_exhausted(start_server) -> None:
                            max_event_bytes=200_000)
     stub = sidecar.stub
     stub.AppendEvents(pb.AppendEventsRequest(run_id="r", events=[ev("kept", 1)]))
-    big = [ev(f"big{i}", 1, "z" * 150_000) for i in range(10)]
+    big = [ev(f"big{i}", 1, ("z" * 149 + " ") * 1000) for i in range(10)]
     assert call_error(stub.AppendEvents, pb.AppendEventsRequest(run_id="r", events=big)) == (
         grpc.StatusCode.RESOURCE_EXHAUSTED, "store_full", [])
     assert [e.event_id for e in stub.ListRunEvents(pb.ListRunEventsRequest(run_id="r")).events] == ["kept"]
