@@ -21,8 +21,9 @@ a kept clip needs none (the window record that fed it says it). The forms are ke
 seq, the log's end when made) in ``fed_forms``, and the event's packed count becomes its form's,
 so fastcore's selection weighs what is fed. A window record lists the forms it fed, so a window
 read back is the one fed even after later clearings; a fork carries the forms of what it carries
-and restores the counts of the others, and a replay fork makes the rest again as the source did
-(the same log, the same settings, the same decisions).
+and restores the counts of the others, and a replay fork makes the rest again: while it replays
+its source, it clears where the source's log entries say, whatever its own settings, and
+decides for itself only after them.
 
 The placeholder is the sidecar's own text and is not fenced as untrusted: it holds no byte of
 the tool's output, only the tool's name (A-Z a-z 0-9 _ -), the host's call id (quoted as JSON)
@@ -50,6 +51,7 @@ from sidecar.transcript.schema import (
     count_chunk,
     count_columns,
     current_forms,
+    event_by_id,
     forms_below,
     made_in,
     put_counts,
@@ -81,9 +83,11 @@ def may_be_cleared(role: str, text: str) -> bool:
     return role == "tool" and not text.startswith(PLACEHOLDER_OPENING)
 
 
-def before_plan(deps: Deps, settings: ClearingSettings, writer: LogWriter, iteration: int, budget: int) -> bool:
+def before_plan(deps: Deps, settings: ClearingSettings, writer: LogWriter, iteration: int, budget: int,
+                decide: bool = True) -> bool:
     """At an assembly of ``iteration``, before its window is chosen (``writer`` flushed): keep the
-    clips of the last window fed, then clear tool results if the transcript passed the trigger.
+    clips of the last window fed, then clear tool results if the transcript passed the trigger
+    (unless not ``decide``: a replay fork clears where its source did, ``clear_as_recorded``).
     True when the log changed (the caller flushes the writer)."""
     run = writer.run
     if run.settings.token_counter == "host-defined":
@@ -94,7 +98,7 @@ def before_plan(deps: Deps, settings: ClearingSettings, writer: LogWriter, itera
     # Only at the log's newest iteration: an older one (assembled again, or before events the
     # host appended already) is chosen from the log as it stands, and a clearing's entry must
     # not come after events of a later iteration than its own.
-    if settings.enabled and iteration >= max(run.last_assembled, run.last_iteration):
+    if decide and settings.enabled and iteration >= max(run.last_assembled, run.last_iteration):
         changed = _clear(deps, settings, writer, iteration, budget) or changed
     return changed
 
@@ -190,6 +194,21 @@ def _clear(deps: Deps, settings: ClearingSettings, writer: LogWriter, iteration:
         return False
     _record(writer, CLEARED_TYPE, "cleared", iteration, changes)
     return True
+
+
+def clear_as_recorded(deps: Deps, writer: LogWriter, iteration: int, event_ids: list[str]) -> None:
+    """Clear the tool results ``event_ids`` from ``iteration`` on as a clearing recorded with
+    them did (a replay fork's source's, on the same log): the same placeholders and log entry,
+    whatever this sidecar's ``[context.clearing]`` says. ``writer`` flushed."""
+    txn, db, key = writer.txn, writer.db, writer.key
+    counter = deps.counters.get(writer.run.settings.token_counter)
+    changes = []
+    for event_id in event_ids:
+        event = event_by_id(txn, db, key, event_id)
+        _, _, call_seq = _COUNT.unpack_from(read_counts(txn, db, key, event.seq, event.seq + 1))  # its group: the call
+        text = placeholder(read_event(txn, db, key, call_seq).tool_name, event.call_id, event.tokens)
+        changes.append((event, text, counter.count(text)))
+    _record(writer, CLEARED_TYPE, "cleared", iteration, changes)
 
 
 def _put_form(writer: LogWriter, event: StoredEvent, kind: str, text: str, tokens: int, iteration: int) -> None:

@@ -8,16 +8,21 @@ reaches the point of the log where the source recorded one, the fork records tha
 (same ref, same replaced turns, same text): before the next host event that came after it, at
 an AssembleContext of its iteration or later, or when the host asks RecordSummary for that
 range. It reuses them only while the host replays the source exactly: the fork also carries a
-fingerprint of each host event the source appended from ``from_seq`` to its last summary, and
-every event the host appends is held against the one at its seq. From the first that differs
-(another id, content, role, type, call, tool or iteration, or another summary), the fork stops
+fingerprint of each other log entry from ``from_seq`` to the source's last summary (the host's
+events, and the sidecar's clearings with the results each cleared), and every entry the fork
+appends is held against the one at its seq. From the first that differs (another id, content,
+role, type, call, tool or iteration, another clearing or another summary), the fork stops
 replaying and from then on behaves as a branch: its host's summaries are recorded as written.
+While it replays, the fork does not decide clearings itself (``[context.clearing]`` is the
+sidecar's setting, not the run's, and may have changed): it clears the results the source
+cleared, at the assembly of the same iteration, once that assembly kept its clips.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 
 from sidecar.context_window import schema as run_context_schema
 from sidecar.errors import Conflict, NotFound, SummaryUnavailable, ValidationError
@@ -25,7 +30,7 @@ from sidecar.storage.codec import StoredEvent, decode_event
 from sidecar.storage.keys import Txn, sweep
 from sidecar.transcript import clearing
 from sidecar.transcript.log import LogWriter, NewEvent, host_event_ids, log_entries_before
-from sidecar.transcript.runs import Deps, ForkOrigin, Run, load_run, require_run, save_run
+from sidecar.transcript.runs import SIDECAR_ID_PREFIX, Deps, ForkOrigin, Run, load_run, require_run, save_run
 from sidecar.transcript.schema import (
     copy_compaction_records,
     copy_log,
@@ -89,13 +94,20 @@ def fork_run(deps: Deps, txn: Txn, source_key: bytes, source_run_id: str, fork_k
             "summary": summary.as_dict(), "text": artifact.content, "role": artifact.role,
             "counter": source.settings.token_counter}).encode("utf-8"))
     if pending:
-        # The source's host events up to its last summary, each keyed by its seq like the summaries
-        # between them: a summary is reused only after the fork's host appended exactly these.
+        # The source's other entries up to its last summary (host events, clearings), each keyed by
+        # its seq like the summaries between them: a summary is reused only after the fork appended
+        # exactly these.
         summary_seqs = {summary.seq for summary in pending}
         for seq, raw in enumerate(read_records(txn, db, source_key, from_seq, pending[-1].seq), start=from_seq):
             if seq not in summary_seqs:
-                fingerprint = _fingerprint(decode_event(raw))
-                put_replay(txn, db, fork_key, seq, json.dumps({"event": fingerprint}).encode("utf-8"))
+                entry = decode_event(raw)
+                value: dict = {"host": _fingerprint(entry)}
+                if entry.type == clearing.CLEARED_TYPE and entry.event_id.startswith(SIDECAR_ID_PREFIX):
+                    # Which results the source cleared, at which iteration: the fork clears them again.
+                    payload = json.loads(entry.content)
+                    value = {"cleared": {"iteration": payload["iteration"], "event_ids": payload["eventIds"],
+                                         "entry": _fingerprint(entry)}}
+                put_replay(txn, db, fork_key, seq, json.dumps(value).encode("utf-8"))
 
     limit = read_event(txn, db, source_key, from_seq).iteration if from_seq < source.next_seq else None
 
@@ -138,6 +150,9 @@ def before_host_event(deps: Deps, writer: LogWriter, event: NewEvent) -> None:
         found = _source_at(writer)
         if found is None:
             return
+        if isinstance(found, _Cleared):  # the source cleared results here, at an assembly the host skipped
+            _stop_replaying(writer)
+            return
         if isinstance(found, str):
             if found != _fingerprint(event):
                 _stop_replaying(writer)
@@ -151,17 +166,49 @@ def before_host_event(deps: Deps, writer: LogWriter, event: NewEvent) -> None:
             return
 
 
-def at_assembly(deps: Deps, writer: LogWriter, iteration: int) -> bool:
-    """Record the source's summaries due at or before ``iteration`` here; True if any was."""
+def at_assembly(deps: Deps, writer: LogWriter, iteration: int, clear: bool = False) -> bool:
+    """Record the source's summaries due at or before ``iteration`` here, and with ``clear`` its
+    clearings too (once the assembly kept its clips, as the source's had when it cleared); True
+    if a summary was recorded."""
     applied = False
     while writer.run.replay_pending:
-        pending = _pending_at(writer)
-        if pending is None or pending[0].iteration > iteration:
+        found = _source_at(writer)
+        if isinstance(found, _Cleared):
+            if not clear or found.iteration > iteration or not _clear_again(deps, writer, found):
+                break
+        elif isinstance(found, tuple) and found[0].iteration <= iteration:
+            if _apply(deps, writer, found) is None:
+                break
+            applied = True
+        else:
             break
-        if _apply(deps, writer, pending) is None:
-            break
-        applied = True
     return applied
+
+
+def decides_clearings(writer: LogWriter) -> bool:
+    """Whether the run decides at this assembly which tool results to clear: not while it
+    replays a source whose clearings it carries (``at_assembly`` makes them); a fork made before
+    clearings were carried (its records name the source's entries by fingerprint alone) decides,
+    as its source did, and ``after_own_entries`` holds what it clears against the source's."""
+    if not writer.run.replay_pending:
+        return True
+    found = first_replay(writer.txn, writer.db, writer.key)
+    return found is not None and found[0] == writer.run.next_seq and "event" in json.loads(found[1])
+
+
+def after_own_entries(writer: LogWriter, first_seq: int) -> None:
+    """Hold the sidecar's own log entries appended from ``first_seq`` (the clearing of a fork
+    that decides its own, ``decides_clearings``) against the source's at their seqs, as a host
+    event is held: the same entry passes, another ends the replay."""
+    txn, db, key = writer.txn, writer.db, writer.key
+    for seq in range(first_seq, writer.run.next_seq):
+        found = first_replay(txn, db, key) if writer.run.replay_pending else None
+        if found is None or found[0] > seq:
+            return  # nothing carried for it: past the source's last summary
+        if found[0] < seq or json.loads(found[1]).get("event") != _fingerprint(read_event(txn, db, key, seq)):
+            _stop_replaying(writer)  # the source had a summary or a host event here
+            return
+        delete_replay(txn, db, key, seq)
 
 
 def recorded_for(deps: Deps, writer: LogWriter, replaced: tuple[str, ...]) -> tuple[Summary, StoredEvent] | None:
@@ -185,17 +232,27 @@ def _fingerprint(event: StoredEvent | NewEvent) -> str:
     return hashlib.sha256(json.dumps(fields).encode("utf-8")).hexdigest()
 
 
+@dataclass(frozen=True, slots=True)
+class _Cleared:
+    """A clearing the source recorded: the results it cleared from ``iteration`` on, and its
+    log entry's fingerprint."""
+
+    iteration: int
+    event_ids: list[str]
+    fingerprint: str
+
+
 def _pending_at(writer: LogWriter) -> tuple[Summary, dict] | None:
     """The source's summary due at the fork's next seq, if any."""
     found = _source_at(writer)
     return found if isinstance(found, tuple) else None
 
 
-def _source_at(writer: LogWriter) -> str | tuple[Summary, dict] | None:
-    """What the source's log holds at the fork's next seq: a host event's fingerprint, a summary
-    (with its text), or None when nothing is carried for it (past the source's last summary, or a
-    fork made before fingerprints were carried). A record the fork already passed (its log grew
-    otherwise than the source's) ends the replay."""
+def _source_at(writer: LogWriter) -> str | _Cleared | tuple[Summary, dict] | None:
+    """What the source's log holds at the fork's next seq: a host event's fingerprint, a clearing,
+    a summary (with its text), or None when nothing is carried for it (past the source's last
+    summary, or a fork made before fingerprints were carried). A record the fork already passed
+    (its log grew otherwise than the source's) ends the replay."""
     found = first_replay(writer.txn, writer.db, writer.key)
     if found is None:
         return None
@@ -206,7 +263,12 @@ def _source_at(writer: LogWriter) -> str | tuple[Summary, dict] | None:
     if seq > writer.run.next_seq:
         return None
     value = json.loads(stored)
-    if "event" in value:
+    if "host" in value:
+        return value["host"]
+    if "cleared" in value:
+        cleared = value["cleared"]
+        return _Cleared(cleared["iteration"], cleared["event_ids"], cleared["entry"])
+    if "event" in value:  # made before clearings were carried: a host event's or a clearing's
         return value["event"]
     return Summary.from_dict(value.pop("summary")), value
 
@@ -222,6 +284,19 @@ def _apply(deps: Deps, writer: LogWriter, pending: tuple[Summary, dict]) -> Stor
     delete_replay(writer.txn, writer.db, writer.key, summary.seq)
     writer.run.replay_pending -= 1
     return write_summary(writer, summary, value["text"], value["role"], value["counter"], "replay")
+
+
+def _clear_again(deps: Deps, writer: LogWriter, cleared: _Cleared) -> bool:
+    """Clear the results the source cleared, as it did; False (and the fork stops replaying)
+    when the clearing's log entry is not the source's (the results weighed otherwise)."""
+    txn, db, key, seq = writer.txn, writer.db, writer.key, writer.run.next_seq
+    writer.flush()  # the clearing weighs the results as their counts now stand
+    delete_replay(txn, db, key, seq)
+    clearing.clear_as_recorded(deps, writer, cleared.iteration, cleared.event_ids)
+    if _fingerprint(read_event(txn, db, key, seq)) != cleared.fingerprint:
+        _stop_replaying(writer)
+        return False
+    return True
 
 
 def _still_replaying(writer: LogWriter, summary: Summary) -> bool:

@@ -218,11 +218,18 @@ class Turn:
         choice weighs what is fed; a replay fork then reaches the source's summaries after them.
         Whether the log changed, and whether a source's summary was recorded again."""
         run = writer.run
+        # A replay fork clears where its source did, whatever this sidecar's settings say: a
+        # clearing decided anew would part its log from the source's, and the source's summaries
+        # after it could not be reused.
+        log_end = run.next_seq
         refed = clearing.before_plan(self._deps, self._services.clearing, writer, self.iteration,
-                                     effective_budget(self._deps, run, limit))
+                                     effective_budget(self._deps, run, limit), decide=forks.decides_clearings(writer))
+        if run.replay_pending:
+            forks.after_own_entries(writer, log_end)
+            log_end = run.next_seq
+            replayed = forks.at_assembly(self._deps, writer, self.iteration, clear=True) or replayed
+            refed = refed or run.next_seq != log_end
         if refed:
-            if run.replay_pending:
-                replayed = forks.at_assembly(self._deps, writer, self.iteration) or replayed
             writer.flush()
         return refed, replayed
 
