@@ -26,6 +26,7 @@ from sidecar.settings import (
 )
 from sidecar.storage.environment import Store
 from sidecar.storage.shared import SharedStore
+from sidecar.telemetry.metrics import Metrics
 from sidecar.text.counting import Counters
 from sidecar.transcript.transcripts import Transcripts
 from sidecar.wire import server as server_module
@@ -69,8 +70,8 @@ def settings_for(tmp_path: Path, storage: dict | None = None, memory: dict | Non
     the [context.clearing] section."""
     credentials = tuple(TenantCredential(tenant, hashlib.sha256(token.encode()).hexdigest())
                         for tenant, token in (tenants or {}).items())
-    return Settings(server=ServerSettings(listen="127.0.0.1:0"),
-                    storage=StorageSettings(path=str(tmp_path / "lmdb"), **{"map_size": 16 << 20, **(storage or {})}),
+    storage = {"path": str(tmp_path / "lmdb"), "map_size": 16 << 20, **(storage or {})}  # a test may name its path
+    return Settings(server=ServerSettings(listen="127.0.0.1:0"), storage=StorageSettings(**storage),
                     context=ContextSettings(**context), context_clearing=ClearingSettings(**(clearing or {})),
                     memory=MemorySettings(**(memory or {})),
                     memory_compaction=MemoryCompactionSettings(**(compaction or {})), auth=AuthSettings(credentials),
@@ -83,6 +84,7 @@ class RunningServer:
     channel: grpc.Channel
     stub: pb_grpc.ContextSidecarStub
     services: Services
+    metrics: Metrics | None = None  # the server's figures (its registry), when started with metrics=True
 
 
 @pytest.fixture
@@ -92,7 +94,7 @@ def start_server(tmp_path: Path, counters: Counters):
 
     def start_with(storage: dict | None = None, memory: dict | None = None, tenants: dict[str, str] | None = None,
                    compaction: dict | None = None, clearing: dict | None = None, render: dict | None = None,
-                   **context: object) -> RunningServer:
+                   metrics: bool = False, **context: object) -> RunningServer:
         settings = settings_for(tmp_path / f"server{len(started)}", storage, memory, tenants, compaction, clearing,
                                 render, **context)
         storage_settings = settings.storage
@@ -100,11 +102,12 @@ def start_server(tmp_path: Path, counters: Counters):
                              storage_settings.shared_timeout) if storage_settings.shared else None
         store = Store(storage_settings.path, storage_settings.map_size, storage_settings.max_map_size, shared=shared)
         services = Services.build(settings, store, counters)
-        server, port, health_servicer = build_server(settings, services)
+        measured = Metrics(store.map_usage, storage_settings.max_map_size) if metrics else None
+        server, port, health_servicer = build_server(settings, services, metrics=measured)
         server_module.start(server, health_servicer)
         address = f"127.0.0.1:{port}"
         channel = grpc.insecure_channel(address)
-        running = RunningServer(address, channel, pb_grpc.ContextSidecarStub(channel), services)
+        running = RunningServer(address, channel, pb_grpc.ContextSidecarStub(channel), services, measured)
         started.append((server, running))
         return running
 

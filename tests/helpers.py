@@ -17,6 +17,7 @@ import unicodedata
 from pathlib import Path
 
 import grpc
+import lmdb
 import pytest
 from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2_grpc
@@ -466,3 +467,48 @@ class socket_on_free_port:
 
     def __exit__(self, *exc: object) -> None:
         self._socket.close()
+
+
+# The store's commits (tests/telemetry/test_metrics.py, tests/storage/test_store.py).
+
+def filler(size: int) -> str:
+    """``size`` characters of words of a thousand letters: a text as long as asked, with no run of
+    letters longer than the sidecar accepts."""
+    return ("y" * 999 + " ") * (size // 1000) + "y" * (size % 1000)
+
+
+class CommitsSeen:
+    """A store's LMDB environment, unchanged, that notes how each write transaction ended:
+    "committed", "full at commit" (MDB_MAP_FULL from the commit itself, past every put of the
+    work: the store grows the map and runs the write again) or "aborted". Installed as
+    ``store.env``; it only watches."""
+
+    def __init__(self, env) -> None:
+        self.__dict__.update(_env=env, ends=[])
+
+    def __getattr__(self, name: str):
+        return getattr(self._env, name)
+
+    def begin(self, write: bool = False, **kwargs):
+        txn = self._env.begin(write=write, **kwargs)
+        return _WatchedTxn(txn, self.ends) if write else txn
+
+
+class _WatchedTxn:
+    def __init__(self, txn, ends: list[str]) -> None:
+        self._txn, self._ends = txn, ends
+
+    def __getattr__(self, name: str):
+        return getattr(self._txn, name)
+
+    def commit(self) -> None:
+        try:
+            self._txn.commit()
+        except lmdb.MapFullError:
+            self._ends.append("full at commit")
+            raise
+        self._ends.append("committed")
+
+    def abort(self) -> None:
+        self._txn.abort()
+        self._ends.append("aborted")

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import TypeVar, cast, overload
 
 import lmdb
@@ -58,6 +59,27 @@ DELETE_HEADROOM = 1 / 32
 # elsewhere on every attempt exhausts them.
 CONFLICT_ATTEMPTS = 8
 _STORE_ID = b"\0store_id"  # in shared_versions: which shared store this local index holds
+
+
+# What the write transaction running in this context puts aside for once it commits (see
+# :func:`after_commit`): one list per attempt at a transaction, run after its commit, dropped if
+# it aborts or its commit fails. None: no write transaction is running here.
+_on_commit: ContextVar[list[tuple[Callable[..., object], tuple]] | None] = ContextVar(
+    "sidecar_on_commit", default=None)
+
+
+def after_commit(action: Callable[..., object], *args: object) -> None:
+    """``action(*args)`` once the write transaction running in this context commits, never if it
+    is aborted (or its commit fails and it is run again); at once outside a write transaction,
+    whose reads see committed records only. Every in-process cache fills through here what it
+    learned inside a write: a turn refused after it appended its events or read its window writes
+    nothing, and what it read must not be kept as if it had been written (its seqs and ids are
+    the next turn's to take)."""
+    pending = _on_commit.get()
+    if pending is None:
+        action(*args)
+    else:
+        pending.append((action, args))
 
 
 class _Gate:
@@ -196,7 +218,9 @@ class Store:
         ``then``: what the caller makes of ``work``'s result (its answer), returned in its place.
         With sync on it is made while the commit waits on the disk, on another thread (the commit
         lets go of the GIL), and returned once the commit is durable: so it must not touch the
-        store, only the values ``work`` returned. If the commit fails it is thrown away."""
+        store, only the values ``work`` returned. If the commit fails it is thrown away with what
+        it recorded (metrics, :func:`after_commit`), and made again from the work run again: the
+        caller gets the answer of the transaction that committed, counted once."""
         ceiling = self._ceiling(frees_space)
         if self.shared:
             return self._write_shared(work, ceiling, then)
@@ -211,6 +235,8 @@ class Store:
         self._keep_headroom(ceiling)
         while True:
             held, committed = metrics.transaction_begins(), False  # what work records counts once committed
+            pending: list[tuple[Callable[..., object], tuple]] = []  # what it puts aside for after the commit
+            this_attempt = _on_commit.set(pending)
             answer: Future[U] | None = None
             try:
                 self._gate.enter()
@@ -222,7 +248,8 @@ class Store:
                         txn.abort()
                         raise
                     if then is not None and self._while_syncing is not None:
-                        # In the caller's context, so that its trace's spans take what ``then`` records.
+                        # In the caller's context (a copy: ``then`` records into this attempt's
+                        # metrics and after-commit list), so that its trace's spans take what it records.
                         answer = self._while_syncing.submit(contextvars.copy_context().run, then, result)
                     with phase("commit"):  # the pages written, and synced unless [storage] sync is off
                         txn.commit()
@@ -235,7 +262,15 @@ class Store:
             except lmdb.DiskError as exc:  # ENOSPC: the disk, not the map, is full
                 raise StoreFull(f"the store cannot write: {exc}") from None
             finally:
+                if answer is not None:
+                    # ``then`` runs while the commit syncs: what it records belongs to this attempt,
+                    # so it must be done before the attempt is counted (committed) or dropped (not).
+                    answer.exception()  # waits for it to be done; what it raised is the caller's below
+                _on_commit.reset(this_attempt)
                 metrics.transaction_ends(held, committed)
+                if committed:
+                    for action, args in pending:
+                        action(*args)
             self._grow(ceiling, required=False)
             if answer is not None:
                 return answer.result()
@@ -274,14 +309,18 @@ class Store:
         shared = self.shared
         # Set once the shared store has committed: if LMDB's commit then fails and _write_local
         # runs this again (the map grown), the same records are written again, not the work re-run
-        # (which could apply a call twice).
-        committed: tuple[Changes, dict[bytes, int], T] | None = None
+        # (which could apply a call twice); so what the work put aside for after the commit
+        # (``after_commit``) is put aside again, for the commit that lands those records.
+        committed: tuple[Changes, dict[bytes, int], T, list] | None = None
 
         def recorded(txn: Txn) -> T:
             nonlocal committed
+            pending = _on_commit.get()
             if committed is not None:
-                changes, versions, result = committed
+                changes, versions, result, put_aside = committed
                 apply(txn, self.db, changes)
+                if pending is not None:
+                    pending.extend(put_aside)
             else:
                 recording = RecordingTxn(txn, self._names)
                 result = work(cast(Txn, recording))
@@ -291,7 +330,7 @@ class Store:
                 held = {unit: self._held(txn, unit) for unit in changes}
                 with phase("shared commit"):
                     versions = shared.commit(held, changes, holding)
-                committed = changes, versions, result
+                committed = changes, versions, result, list(pending or ())
             for unit, version in versions.items():
                 self._hold(txn, unit, version)
             return result

@@ -7,14 +7,17 @@ import threading
 from pathlib import Path
 
 import pytest
+from prometheus_client import generate_latest
 
 from sidecar.errors import StoreFull, ValidationError
 from sidecar.settings import ContextSettings
-from sidecar.storage.environment import Store
+from sidecar.storage.environment import Store, after_commit
 from sidecar.storage.keys import scope
+from sidecar.telemetry import metrics
+from sidecar.telemetry.metrics import Metrics
 from sidecar.transcript.transcripts import NewEvent, Transcripts
 from sidecar.validation import check_id
-from tests.helpers import TENANT, rich_error
+from tests.helpers import TENANT, CommitsSeen, rich_error
 
 
 def test_the_map_grows_before_and_when_it_is_full(tmp_path: Path, counters) -> None:
@@ -138,6 +141,78 @@ def test_a_write_run_again_as_the_map_grows_is_answered_once_from_its_last_run(t
     last = store.write(work, then=lambda run: answers.append(run) or run)
     assert len(runs) >= 2 and answers == [last] == [runs[-1]]
     store.close()
+
+
+def _commit_filling(tmp_path: Path) -> tuple[Store, CommitsSeen, int]:
+    """A fresh store of a 1 MiB map, watched, and the size of the one value whose write fills its
+    map exactly at the commit (every put fitted): the smallest that does not fit at once."""
+    trials = iter(range(1_000))
+
+    def first_end(size: int) -> tuple[Store, CommitsSeen, str]:
+        store = Store(str(tmp_path / f"trial{next(trials)}"), map_size=1 << 20, sync=True)
+        seen = store.env = CommitsSeen(store.env)
+        store.write(lambda txn: txn.put(b"big", b"x" * size, db=store.db["runs"]))
+        return store, seen, seen.ends[0]
+
+    fits, fills = 1, 1 << 20
+    while fills - fits > 1:
+        middle = (fits + fills) // 2
+        store, _, end = first_end(middle)
+        store.close()
+        if end == "committed":
+            fits = middle
+        else:
+            fills = middle
+    store = Store(str(tmp_path / "filled"), map_size=1 << 20, sync=True)  # fresh, as each trial's was
+    seen = store.env = CommitsSeen(store.env)
+    return store, seen, fills
+
+
+def test_a_write_whose_commit_fills_the_map_is_answered_and_counted_from_the_attempt_that_committed(
+        tmp_path: Path) -> None:
+    """``then`` is made while the commit syncs; when the commit finds the map full the store grows
+    it and runs the work again: the answer is the one made from the attempt that committed, and
+    what ``then`` recorded (figures, fills of caches) counts for that attempt alone, once."""
+    store, seen, size = _commit_filling(tmp_path)
+    m, attempts, kept = Metrics(), [], []
+
+    def work(txn) -> int:
+        attempts.append(len(attempts))
+        txn.put(b"big", b"x" * size, db=store.db["runs"])
+        return attempts[-1]
+
+    def then(attempt: int) -> str:
+        metrics.summary_recorded("host")
+        after_commit(kept.append, attempt)
+        return f"made from attempt {attempt}"
+
+    try:
+        with m.bound():
+            answer = store.write(work, then=then)
+        assert seen.ends == ["full at commit", "committed"]
+        assert answer == "made from attempt 1" and kept == [1]
+        exposition = generate_latest(m.registry).decode()
+        assert 'context_sidecar_summaries_total{by="host"} 1.0' in exposition
+    finally:
+        store.close()
+
+
+def test_a_write_puts_aside_for_its_commit_only_what_a_committed_attempt_put(tmp_path: Path) -> None:
+    store = Store(str(tmp_path / "db"), map_size=1 << 20, sync=True)
+    kept: list[str] = []
+
+    def refused(txn) -> None:
+        after_commit(kept.append, "refused")
+        raise ValidationError.field("x", "refused after it put something aside")
+
+    try:
+        with pytest.raises(ValidationError):
+            store.write(refused)
+        store.write(lambda txn: after_commit(kept.append, "written"))
+        after_commit(kept.append, "outside a write")
+        assert kept == ["written", "outside a write"]
+    finally:
+        store.close()
 
 
 def test_tenant_scopes_are_disjoint() -> None:

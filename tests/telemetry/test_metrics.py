@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import os
 import socket
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -26,7 +27,7 @@ from sidecar.storage.environment import Store
 from sidecar.telemetry import metrics
 from sidecar.telemetry.metrics import Metrics
 from sidecar.text.redaction import DETECTORS
-from tests.helpers import DETECTED, Sidecar, call_error, run_cli, tool_turn
+from tests.helpers import DETECTED, CommitsSeen, Sidecar, call_error, filler, run_cli, tool_turn
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 RUN, TOOL_RUN, REF, SECRETS_REF = "metrics-run-7f3a", "metrics-tools-51c2", "notes-9c1e", "vault-e0d4"
@@ -388,3 +389,53 @@ def test_the_background_job_counts_in_the_metrics_of_the_server_that_made_it() -
     failures = value(samples, "context_sidecar_background_job_failures_total", job="memory_compaction")
     assert runs == compactor.rounds and failures == (compactor.rounds + 1) // 2
 
+
+
+def test_a_turn_whose_commit_fills_the_map_is_counted_once(start_server) -> None:
+    """A turn whose commit finds the map full (MDB_MAP_FULL once every put of it fitted) is run
+    again once the store grew the map; its answer is made while the commit syncs, so the turn's
+    figures must count the attempt that committed, once. The size of the turn that fills a fresh
+    1 MiB map exactly at its commit is found by bisection (the smallest that does not fit at once)."""
+
+    def turn_of(size: int) -> tuple[list[str], Samples, list[int]]:
+        sidecar = start_server(storage={"map_size": 1 << 20}, metrics=True, token_counter="chars")
+        seen = sidecar.services.store.env = CommitsSeen(sidecar.services.store.env)
+        sidecar.stub.OpenRun(pb.OpenRunRequest(run_id=RUN))
+        counts = [sidecar.stub.AssembleContext(pb.AssembleContextRequest(run_id=RUN, iteration=1, append_events=[
+            pb.Event(event_id="u1", role="user", content="hello")])).token_count]
+        seen.ends.clear()
+        counts.append(sidecar.stub.AssembleContext(pb.AssembleContextRequest(run_id=RUN, iteration=2, append_events=[
+            pb.Event(event_id="u2", role="user", content=filler(size))])).token_count)
+        assert sidecar.metrics is not None
+        return list(seen.ends), parse(exposition(sidecar.metrics)), counts
+
+    fits, fills = 1, 1_000_000
+    assert turn_of(fits)[0] == ["committed"] and turn_of(fills)[0][0] != "committed"
+    while fills - fits > 1:
+        middle = (fits + fills) // 2
+        if turn_of(middle)[0][0] == "committed":
+            fits = middle
+        else:
+            fills = middle
+    ends, samples, counts = turn_of(fills)
+    assert ends == ["full at commit", "committed"]  # the turn's commit filled the map, and it ran again
+    assert value(samples, "context_sidecar_turn_transcript_tokens_count") == 2  # two turns: each counted once
+    assert value(samples, "context_sidecar_turn_transcript_tokens_sum") == sum(counts)
+    assert value(samples, "context_sidecar_turn_window_tokens_count") == 2
+
+
+def test_every_turn_counts_once_its_commit_is_durable_however_fast_the_disk(start_server) -> None:
+    """A turn's answer is made while its commit syncs, on the store's own thread; on a disk whose
+    sync costs nothing (tmpfs) the commit ends first, and the turn must count all the same: once."""
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("needs a tmpfs at /dev/shm")
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as folder:
+        sidecar = start_server(storage={"path": folder, "sync": True}, metrics=True, token_counter="o200k_base")
+        sidecar.stub.OpenRun(pb.OpenRunRequest(run_id=RUN))
+        counts = [sidecar.stub.AssembleContext(pb.AssembleContextRequest(
+            run_id=RUN, iteration=turn, append_events=tool_turn(turn))).token_count
+            for turn in range(1, 41)]
+        assert sidecar.metrics is not None
+        samples = parse(exposition(sidecar.metrics))
+    assert value(samples, "context_sidecar_turn_transcript_tokens_count") == len(counts)
+    assert value(samples, "context_sidecar_turn_transcript_tokens_sum") == sum(counts)
