@@ -365,7 +365,8 @@ def _parse_task(value: dict[str, Any]) -> PreparedTask:
 
 
 class ProfileCache:
-    """Prepared profiles and tasks by (run key, digest): the record a digest names never changes."""
+    """Prepared profiles and tasks by (run key, digest): the record a digest names never changes
+    (so one prepared in a write that was then refused is still the prepared form of that digest)."""
 
     def __init__(self, size: int = _CACHE_SIZE) -> None:
         self._entries: OrderedDict[tuple[bytes, str], Any] = OrderedDict()

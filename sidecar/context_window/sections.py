@@ -55,6 +55,7 @@ from sidecar.context_window.rendering import (
 )
 from sidecar.errors import TokenBudgetExceeded, ValidationError
 from sidecar.storage.codec import StoredEvent, decode_event
+from sidecar.storage.environment import after_commit
 from sidecar.transcript.clearing import may_be_cleared
 from sidecar.transcript.window import TranscriptWindow
 from sidecar.validation import MAX_COUNT
@@ -208,7 +209,9 @@ class HistoryCache:
                     item = HistoryItem(event.event_id, event.role, event.type, text, event.call_id, event.tool_name,
                                        quote(text),
                                        item_key(event.role, event.type, text, event.call_id, event.tool_name), tokens)
-                    self._keep(run, keys[position], item)
+                    # Kept once what was read is committed: an event of a turn refused after it
+                    # was read is not the run's, and its id may come again with other fields.
+                    after_commit(self._keep, run, keys[position], item)
                     history[position] = item
         return tuple(cast("list[HistoryItem]", history))  # every None is filled in by now
 

@@ -408,7 +408,8 @@ def _shared_window(stored: bytes) -> WindowRecord:
     """A persisted window record, parsed once for equal bytes: an assembly reads the previous
     window's record at four stages (kept clips, clearing, the window's start, the cache report),
     so the last one parsed here is kept with its bytes and given again (it is frozen, and its
-    lists and ``context`` are never changed once parsed)."""
+    lists and ``context`` are never changed once parsed). Keyed by the bytes themselves, it may
+    keep a record a refused turn parsed and never wrote: only the same bytes find it."""
     global _last_window
     last = _last_window
     if last is not None and last[0] == stored:

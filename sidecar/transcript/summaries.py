@@ -32,6 +32,7 @@ from sidecar.context_window.schema import task_id as stored_task_id
 from sidecar.errors import Conflict, FieldViolation, SummaryUnavailable, ValidationError
 from sidecar.settings import STRATEGIES
 from sidecar.storage.codec import StoredEvent, decode_event, dump_plain_json, encode_record, load_plain_json
+from sidecar.storage.environment import after_commit
 from sidecar.storage.keys import Txn
 from sidecar.telemetry import metrics
 from sidecar.text.fencing import is_fenced
@@ -116,7 +117,8 @@ class Summary:
 # Summary records parsed, by their bytes: a Summary is immutable and a pure function of them, and
 # the summary in force is parsed by every turn and every RecordSummary of its run (its JSON is most
 # of such a call's decoding). A summary recorded here is put in with the bytes it was written as,
-# so the next call of its run finds it parsed already.
+# so the next call of its run finds it parsed already (put in by a write that is then refused, it
+# is found by those same bytes alone: no commit needs to come first).
 _PARSED: BoundedCache[bytes, Summary] = BoundedCache(max_bytes=256)
 
 
@@ -166,7 +168,10 @@ def stack_down(txn: Txn, db: dict, key: bytes, top: Summary | None, incarnation:
         summary = walked.get(below)
         if summary is None:
             record = record or summary_records(txn, db, key)
-            summary = walked[below] = _in_force(below, record(below))
+            summary = _in_force(below, record(below))
+            # Kept once committed: a turn that records several summaries (a replay fork's) and is
+            # refused leaves their indexes to the summaries recorded next.
+            after_commit(walked.__setitem__, below, summary)
         yield summary
         below = summary.below
 

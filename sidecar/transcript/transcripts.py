@@ -20,7 +20,7 @@ from sidecar.context_window.sections import HistoryCache, Section
 from sidecar.errors import NO_DEADLINE, Deadline, NotFound, ValidationError
 from sidecar.settings import ClearingSettings, ContextSettings, RenderSettings
 from sidecar.storage.codec import StoredEvent, decode_event
-from sidecar.storage.environment import Store
+from sidecar.storage.environment import Store, after_commit
 from sidecar.storage.keys import Txn
 from sidecar.telemetry import tracing
 from sidecar.text.counting import Counters
@@ -234,8 +234,8 @@ class Transcripts:
                 counter = writer.run.settings.token_counter
                 with tracing.phase("count"):
                     counts = count_events(self._deps.counters, counter, events, field)
-            if counter != seen:
-                self._run_counters.put(key, counter, 1)
+            if counter != seen:  # kept once committed: a run a refused turn would have made does not exist
+                after_commit(self._run_counters.put, key, counter, 1)
             replay = (lambda w, e: forks.before_host_event(self._deps, w, e)) if writer.run.replay_pending else None
             return append_host_events(writer, events, counts, field, replay)
 

@@ -15,6 +15,7 @@ import fastcore
 from sidecar.context_window.rendering import CLIPPED_ARGUMENTS
 from sidecar.errors import TokenBudgetExceeded, TranscriptWindowExceeded
 from sidecar.storage.codec import StoredEvent, decode_event
+from sidecar.storage.environment import after_commit
 from sidecar.storage.keys import Txn
 from sidecar.telemetry.tracing import phase
 from sidecar.text.counting import TokenCounter
@@ -333,8 +334,9 @@ class ReadBack:
     included), so that the next read of a window starting at or after that start (and within
     them) reads only what lies past them. A cache-stable window keeps its start for many turns and
     grows by a turn's events; a window whose summaries move its floor on starts a few entries
-    later; and an entry never changes under its run's incarnation. Bounded by the bytes of the
-    records it holds; the runs read longest ago go first."""
+    later; and an entry never changes under its run's incarnation once committed (so only what
+    committed is kept: ``after_commit``). Bounded by the bytes of the records it holds; the runs
+    read longest ago go first."""
 
     def __init__(self, max_bytes: int = 32 << 20) -> None:
         # run key -> (incarnation, start, records, ids, their bytes)
@@ -358,7 +360,9 @@ class ReadBack:
                 return records[:end - start], ids[:end - start]
             more = read_records(txn, db, key, held, end)
             records, ids, size = records + more, ids + read_ids(txn, db, key, held, end), size + sum(map(len, more))
-        self._runs.put(key, (incarnation, start, records, ids, size), size)
+        # Kept once what was read is committed: a turn refused after it read its window (a summary's
+        # text deleted) aborts the events it appended, and the next turn appends others at their seqs.
+        after_commit(self._runs.put, key, (incarnation, start, records, ids, size), size)
         return records, ids
 
 
