@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
+import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,6 +35,22 @@ from sidecar.text.counting import Counters
 from sidecar.transcript.transcripts import Transcripts
 from sidecar.wire import server as server_module
 from sidecar.wire.server import Services, build_server
+
+PLUGIN = Path(__file__).resolve().parent / "plugin"
+
+
+@pytest.fixture(scope="session")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The test plugin (tests/plugin) installed into a folder of its own (its dist-info holds the
+    entry points); a sidecar loads it with ``env=with_site(site)``."""
+    target = tmp_path_factory.mktemp("site")
+    # Built from a copy: setuptools writes build/ and *.egg-info next to the sources.
+    source = shutil.copytree(PLUGIN, tmp_path_factory.mktemp("source") / "plugin")
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--disable-pip-version-check", "--target", str(target), str(source)],
+                   check=True, cwd=source, env={**os.environ, "PIP_NO_INPUT": "1"})
+    assert list(target.glob("context_sidecar_test_plugin-*.dist-info"))
+    return target
 
 
 @pytest.fixture(scope="session")

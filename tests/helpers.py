@@ -231,6 +231,12 @@ READY = "context-sidecar serving on "
 METRICS_READY = "context-sidecar metrics on "
 
 
+def with_site(site: Path) -> dict[str, str]:
+    """The environment that makes a sidecar process find the test plugin installed in ``site``
+    (conftest's ``site`` fixture)."""
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
+
+
 class Sidecar:
     """``python -m sidecar serve ...`` in a subprocess, ready once it prints its address (and,
     with --metrics-listen, the URL of its /metrics on the next line: ``metrics_url``). Its flags

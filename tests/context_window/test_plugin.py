@@ -5,36 +5,13 @@ oldest two events itself) and describing an agent-state subset."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import grpc
 import pytest
 
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
-from tests.helpers import Sidecar, open_full, rich_error, run_cli, sections_of, turn_events
-
-PLUGIN = Path(__file__).resolve().parents[1] / "plugin"
-
-
-@pytest.fixture(scope="module")
-def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The plugin installed into a folder of its own (its dist-info holds the entry point)."""
-    target = tmp_path_factory.mktemp("site")
-    # Built from a copy: setuptools writes build/ and *.egg-info next to the sources.
-    source = shutil.copytree(PLUGIN, tmp_path_factory.mktemp("source") / "plugin")
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--disable-pip-version-check", "--target", str(target), str(source)],
-                   check=True, cwd=source, env={**os.environ, "PIP_NO_INPUT": "1"})
-    assert list(target.glob("context_sidecar_test_plugin-*.dist-info"))
-    return target
-
-
-def with_site(site: Path) -> dict[str, str]:
-    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
+from tests.helpers import Sidecar, open_full, rich_error, run_cli, sections_of, turn_events, with_site
 
 
 def test_each_hook_is_replaced_by_the_installed_plugin(tmp_path: Path, site: Path) -> None:

@@ -4,7 +4,9 @@
 - keep: the skills index is kept too, and the plan is no longer kept;
 - summarise: the oldest two summarisable events (widened to keep tool calls with their results),
   summarised by the plugin itself;
-and describes one agent-state subset, ``counter``.
+and describes one agent-state subset, ``counter``. And a plugin that fails: its trigger raises on
+iteration 6 while the window holds fewer than 1,000 tokens (a turn refused once it appended
+its events and chose its window: tests/transcript/test_refused_turns.py).
 """
 
 from __future__ import annotations
@@ -38,3 +40,9 @@ class EveryThirdTurn:
             return  # not enough to summarise: keep the built-in choice
         ids = tuple(e.event_id for e in taken)
         call.result = SummariseResult(ids, f"[plugin summary of {', '.join(ids)}]")
+
+
+class FailsOnASmallSixthTurn:
+    def trigger(self, call: HookCall[TriggerInput, bool]) -> None:
+        if call.input.iteration == 6 and call.input.window_tokens < 1000:
+            raise RuntimeError("the plugin fails on a small sixth turn")

