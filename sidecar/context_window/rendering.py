@@ -84,6 +84,9 @@ class HistoryItem:
     quoted: str = ""
     key: str = ""  # item_key() of what is fed: equal keys, byte-identical renderings (cached per event too)
     tokens: int = 0  # the text's count in the run's counter
+    # A tool result that a later clearing will replace (the caller knows the clearing's rules):
+    # the renderings' cache breakpoints never rely on it staying.
+    will_change: bool = False
 
 
 # A part of a request: (key, tokens). Equal keys at the same index: identical bytes there.

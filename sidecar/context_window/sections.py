@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -56,7 +56,6 @@ from sidecar.context_window.rendering import (
 from sidecar.errors import TokenBudgetExceeded, ValidationError
 from sidecar.storage.codec import StoredEvent, decode_event
 from sidecar.storage.environment import after_commit
-from sidecar.transcript.clearing import may_be_cleared
 from sidecar.transcript.window import TranscriptWindow
 from sidecar.validation import MAX_COUNT
 
@@ -174,6 +173,25 @@ def sections(plan: Layout, window: TranscriptWindow, history: Sequence[HistoryIt
     return out
 
 
+# (tool_name, call_id, text fed, original tokens, tokens fed) -> whether a clearing will replace it
+WillBeCleared = Callable[[str, str, str, int, int], bool]
+
+
+def never_cleared(tool_name: str, call_id: str, text: str, original_tokens: int, fed_tokens: int) -> bool:
+    return False
+
+
+def _call_of(history: list[HistoryItem | None], position: int, call_id: str) -> HistoryItem | None:
+    """The call a tool result at ``position`` answers: the first entry before it with its call id
+    (a clearing names that entry's tool), when that is a call; None for a result with no call."""
+    first = None
+    if call_id:
+        for item in history[position - 1::-1] if position else ():
+            if item is not None and item.call_id == call_id:
+                first = item
+    return first if first is not None and first.role == "assistant" and first.tool_name else None
+
+
 class HistoryCache:
     """The window's entries as renderings take them, each with its text already quoted as JSON,
     by run (key and incarnation) and event id: an event never changes, and a turn's window is
@@ -195,9 +213,12 @@ class HistoryCache:
         """How many items it holds (at most ``size``)."""
         return len(self._order)
 
-    def items(self, window: TranscriptWindow, run: tuple) -> tuple[HistoryItem, ...]:
+    def items(self, window: TranscriptWindow, run: tuple, will_be_cleared: WillBeCleared = never_cleared) -> \
+            tuple[HistoryItem, ...]:
         """The window's entries as items: a tuple, which the renderings split into turns once
-        for the whole request (see rendering._turns)."""
+        for the whole request (see rendering._turns). ``will_be_cleared`` tells the results a
+        later clearing will replace (clearing.will_be_cleared: the run's counter and the
+        sidecar's settings, the same for all of a run's items)."""
         keys: list[str | tuple] = list(window.event_ids)
         for position, clip in window.clips.items():
             keys[position] = (keys[position], clip.text, clip.tokens)
@@ -206,9 +227,14 @@ class HistoryCache:
             for position, item in enumerate(history):
                 if item is None:
                     event, text, tokens = entry_at(window, position)
+                    call = _call_of(history, position, event.call_id) if event.role == "tool" else None
+                    fed_as = window.clips.get(position)
+                    will_change = call is not None and will_be_cleared(
+                        call.tool_name, event.call_id, text, fed_as.original_tokens if fed_as else event.tokens, tokens)
                     item = HistoryItem(event.event_id, event.role, event.type, text, event.call_id, event.tool_name,
                                        quote(text),
-                                       item_key(event.role, event.type, text, event.call_id, event.tool_name), tokens)
+                                       item_key(event.role, event.type, text, event.call_id, event.tool_name), tokens,
+                                       will_change)
                     # Kept once what was read is committed: an event of a turn refused after it
                     # was read is not the run's, and its id may come again with other fields.
                     after_commit(self._keep, run, keys[position], item)
@@ -254,7 +280,7 @@ class CacheReport:
 
 def request_parts(form: str, plan: Layout, history: Sequence[HistoryItem]) -> tuple[list[Part], int, int]:
     """The request as parts (see sidecar.context_window.rendering), the index of its first history part, and
-    for Anthropic the history block of the first tool result a clearing may change (-1: none, or
+    for Anthropic the history block of the first tool result a clearing will replace (-1: none, or
     another form; found in the same pass):
     the static prefix (the static sections and the tools; for OpenAI also the prompt cache key,
     which routes the request to a cache), each per-task section, then the history: the window's
@@ -277,7 +303,7 @@ def request_parts(form: str, plan: Layout, history: Sequence[HistoryItem]) -> tu
 
 
 def _clearable(item: HistoryItem) -> bool:
-    return may_be_cleared(item.role, item.text) if item.role == "tool" else False  # one call for most items
+    return item.will_change
 
 
 def cache_state(form: str, plan: Layout, window: TranscriptWindow, history: Sequence[HistoryItem],

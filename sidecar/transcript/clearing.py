@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import struct
 from array import array
+from collections.abc import Callable
 from itertools import compress
 
 import fastcore
@@ -42,6 +43,7 @@ from sidecar.settings import ClearingSettings
 from sidecar.storage.codec import StoredEvent
 from sidecar.storage.keys import Txn
 from sidecar.telemetry import metrics
+from sidecar.text.counting import Counters, TokenCounter
 from sidecar.transcript.log import LogWriter, prefix_end
 from sidecar.transcript.runs import SIDECAR_ID_PREFIX, Deps
 from sidecar.transcript.schema import (
@@ -79,8 +81,40 @@ def placeholder(tool_name: str, call_id: str, tokens: int) -> str:
 
 
 def may_be_cleared(role: str, text: str) -> bool:
-    """Whether an entry fed as ``text`` is a tool result a later clearing could still change."""
+    """Whether an entry fed as ``text`` is a tool result not cleared yet."""
     return role == "tool" and not text.startswith(PLACEHOLDER_OPENING)
+
+
+def replacement(settings: ClearingSettings, counter: TokenCounter, tool_name: str, call_id: str,
+                original_tokens: int, fed_tokens: int) -> tuple[str, int] | None:
+    """The placeholder (and its count) a clearing feeds in place of a result of ``tool_name``'s call
+    ``call_id`` that counted ``original_tokens`` and is fed as ``fed_tokens``; None when no
+    clearing ever replaces it: its tool is excluded, or the placeholder would not be smaller."""
+    if tool_name in settings.exclude_tools:
+        return None
+    text = placeholder(tool_name, call_id, original_tokens)
+    tokens = counter.count(text)
+    return (text, tokens) if tokens < fed_tokens else None
+
+
+def will_be_cleared(settings: ClearingSettings, counter_name: str, counters: Counters) -> \
+        Callable[[str, str, str, int, int], bool]:
+    """Whether a clearing will some day replace a result answering a call of ``tool_name``, fed as
+    ``text`` (``fed_tokens``), of ``original_tokens`` (arguments: tool_name, call_id, text,
+    original_tokens, fed_tokens): what a rendering's breakpoint must not be placed behind. Never,
+    with clearing off or a host-defined counter (a placeholder's count would be a guess)."""
+    if not settings.enabled or counter_name == "host-defined":
+        return _never
+    counter = counters.get(counter_name)
+
+    def will(tool_name: str, call_id: str, text: str, original_tokens: int, fed_tokens: int) -> bool:
+        return may_be_cleared("tool", text) and \
+            replacement(settings, counter, tool_name, call_id, original_tokens, fed_tokens) is not None
+    return will
+
+
+def _never(tool_name: str, call_id: str, text: str, original_tokens: int, fed_tokens: int) -> bool:
+    return False
 
 
 def before_plan(deps: Deps, settings: ClearingSettings, writer: LogWriter, iteration: int, budget: int,
@@ -176,13 +210,11 @@ def _clear(deps: Deps, settings: ClearingSettings, writer: LogWriter, iteration:
         if event is None or event.iteration >= iteration:
             continue
         call = read_event(txn, db, key, groups[event.seq - start])
-        if call.tool_name in settings.exclude_tools:
-            continue
-        text = placeholder(call.tool_name, event.call_id, event.tokens)
-        tokens = counter.count(text)
         weighs = weights[event.seq - start]  # as fed now: a clipped result at its clipped size
-        if tokens >= weighs:
+        replaced = replacement(settings, counter, call.tool_name, event.call_id, event.tokens, weighs)
+        if replaced is None:
             continue
+        text, tokens = replaced
         freed += weighs - tokens
         changes.append((event, text, tokens))
         if freed >= target:

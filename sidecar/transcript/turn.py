@@ -266,7 +266,7 @@ class Turn:
         record = window_record(self._deps, txn, self.key, run, chosen, top, due, context)
         window = from_record(self._deps, txn, self.key, self.run_id, self.iteration, record,
                              reads=(self._services.reads, run.incarnation))
-        history = self._services.history.items(window, (self.key, run.incarnation))
+        history = self._history(window, run)
         # What the next turn compares with is persisted with the window, in its context (the
         # record's and the window's): each part's key, not its text. The record is
         # written once, with it; and the run record once, if either of its fields moved.
@@ -283,8 +283,13 @@ class Turn:
         """The window persisted for the iteration, fed again as it was."""
         window = from_record(self._deps, txn, self.key, self.run_id, self.iteration, record,
                              reads=(self._services.reads, run.incarnation))
-        history = self._services.history.items(window, (self.key, run.incarnation))
+        history = self._history(window, run)
         return Fed(layout, window, history, self._cache_of(txn, layout, window, history))
+
+    def _history(self, window: TranscriptWindow, run: Run) -> tuple[HistoryItem, ...]:
+        """The window's entries as the renderings take them (kept across turns by the services)."""
+        return self._services.history.items(window, (self.key, run.incarnation), clearing.will_be_cleared(
+            self._services.clearing, run.settings.token_counter, self._deps.counters))
 
     # -- the cache report ---------------------------------------------------------------------
 

@@ -10,9 +10,11 @@ import json
 import grpc
 import pytest
 
+from benchmarks.prompt_cache import AnthropicCache, TokenCache, anthropic_blocks
 from sidecar.context_window.rendering import CONTINUED, NO_MESSAGES, NO_RESULT
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.settings import ConfigError, load_settings
+from sidecar.text.encodings import load_encoding
 from tests.helpers import call_error
 
 FORMS = ("", "openai_responses", "anthropic_messages")
@@ -327,3 +329,53 @@ def test_openai_prompt_cache_retention_is_sent_when_configured(start_server) -> 
     assert load_settings(env=env).render.openai_prompt_cache_retention == "in_memory"
     with pytest.raises(ConfigError, match=r"\[render\] openai_prompt_cache_retention"):
         load_settings(env={"CONTEXT_SIDECAR_RENDER_OPENAI_PROMPT_CACHE_RETENTION": "in-memory"})
+
+
+LOOKUP_PROFILE = pb.Profile(system_prompt=PROFILE.system_prompt, tools=[
+    PROFILE.tools[0],
+    pb.ToolDefinition(name="lookup", description="Look a code up.", parameters_json=json.dumps(SCHEMA))])
+
+
+def words(count: int, seed: int) -> str:
+    return " ".join(f"w{seed}x{j}" for j in range(count))
+
+
+@pytest.mark.parametrize("never_cleared", ["small", "excluded"])
+def test_a_clearing_turn_reads_every_block_before_what_it_cleared(start_server, never_cleared: str) -> None:
+    """The breakpoint kept for clearings sits on the last block a clearing will really leave as it
+    is: a result whose placeholder would not be smaller, or whose tool is excluded from clearing,
+    is never replaced, so the breakpoint before it would read only the blocks before it."""
+    stub = start_server(token_counter="chars", transcript_token_budget=16_000,
+                        clearing={"enabled": True, "keep_recent": 1, "clear_at_least_tokens": 3000,
+                                  "exclude_tools": ["lookup"]}).stub
+    stub.OpenRun(pb.OpenRunRequest(run_id="run", profile=LOOKUP_PROFILE, task=TASK))
+    tokens, model = TokenCache(load_encoding("o200k_base")), AnthropicCache()
+    before, checked = None, 0
+    for i in range(1, 60):
+        # The first turns' results are never cleared: too small for a placeholder to be smaller (a
+        # few characters), or of the excluded tool; the later ones are large and clearable.
+        early = i <= 8
+        tool = "lookup" if early and never_cleared == "excluded" else "search"
+        result = "ok" if early and never_cleared == "small" else words(120, i)
+        call_id = f"toolu_01A09q90qw90lq917835lq{i:03d}"  # as long as a provider's: in every placeholder
+        events = [pb.Event(event_id=f"u{i}", role="user", content=f"question {i}: " + words(60, -i)),
+                  pb.Event(event_id=f"c{i}", role="assistant", type="tool_call", call_id=call_id, tool_name=tool,
+                           content=json.dumps({"q": f"q{i}"})),
+                  pb.Event(event_id=f"r{i}", role="tool", type="tool_result", call_id=call_id, content=result),
+                  pb.Event(event_id=f"a{i}", role="assistant", content=f"answer {i}")]
+        answer = assemble(stub, "run", i, events, "anthropic_messages")
+        bill = model.bill(anthropic_blocks(answer.rendered, tokens))
+        if answer.cache.break_reason == "tool_results_cleared":
+            old = [uncached(b) for m in json.loads(before.rendered)["messages"] for b in m["content"]]
+            new = [uncached(b) for m in json.loads(answer.rendered)["messages"] for b in m["content"]]
+            changed = next(n for n, (a, b) in enumerate(zip(old, new)) if a != b)
+            assert "cleared" in str(new[changed].get("content")), "the first block changed is a cleared result"
+            # The previous request wrote the prefix ending just before the change, and this one reads it.
+            assert changed - 1 in message_breakpoints(before), (i, changed, message_breakpoints(before))
+            blocks = anthropic_blocks(answer.rendered, tokens)
+            unchanged = len(blocks) - len(new) + changed  # the tools, the system blocks, the history before the change
+            assert bill.cached == sum(block.size for block in blocks[:unchanged]), i
+            checked += 1
+        assert all_breakpoints(answer) <= 4
+        before = answer
+    assert checked >= 2, "clearings were seen"
