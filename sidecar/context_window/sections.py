@@ -347,6 +347,17 @@ def _kind(key: str) -> str:
     return key[2:3] if key[:1] == "<" else key[:1]
 
 
+def _unopened(key: str) -> str:
+    """A part's key without what says it opens an Anthropic message: the same summary opens the
+    messages when those before it are left out."""
+    return key[2:] if key[:1] == "<" else key
+
+
+def _summaries(keys: list[str]) -> set[str]:
+    """The summary parts among ``keys`` (they come first in a window's history), as _unopened keys."""
+    return {_unopened(key) for key in keys if _kind(key) == "S"}
+
+
 def _break_reason(form: str, previous: dict | None, keys: list[str], at: int, changed: tuple[str, ...],
                   first: str, altered: int) -> str:
     if previous is None:
@@ -365,8 +376,10 @@ def _break_reason(form: str, previous: dict | None, keys: list[str], at: int, ch
                 {n: k for n, k in then.items() if not n.startswith(SKILL_PREFIX)}:
             return "task_changed"
         return "skill_unloaded" if set(then) - set(now) else "skill_loaded"
-    if mine == "S":
-        return "summary_recorded"
+    if mine == "S" and _unopened(keys[at]) not in _summaries(before):
+        return "summary_recorded"  # a summary not fed before entered the window there
+    if _kind(before[at]) == "S" and not _summaries(before) <= _summaries(keys):
+        return "summary_slid_out"  # no summary entered there, and one fed before is left out
     if first != previous["first"]:
         return "window_start_moved"
     if altered > previous.get("altered", 0):

@@ -379,3 +379,37 @@ def test_a_clearing_turn_reads_every_block_before_what_it_cleared(start_server, 
         assert all_breakpoints(answer) <= 4
         before = answer
     assert checked >= 2, "clearings were seen"
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_a_summary_is_named_as_the_break_only_when_one_entered_the_window(start_server, form: str) -> None:
+    """Summaries stack (sliding-window), and a full window leaves its oldest ones out as it grows:
+    a break where a summary fed before slid out is not a summary recorded."""
+    stub = start_server(token_counter="chars", transcript_token_budget=2500, summarization=True,
+                        keep_last_turns=1, window_policy="max_fill", clearing={"enabled": False}).stub
+    stub.OpenRun(pb.OpenRunRequest(run_id="run", profile=PROFILE, task=TASK))
+    before, recorded_for, kept_some = None, 0, 0
+    previous_summaries: list[str] = []
+    seen: dict[str, list[int]] = {}
+    for i in range(1, 40):
+        answer = assemble(stub, "run", i, turn_events(i, result_size=60), form)
+        window = stub.GetTranscriptWindow(pb.GetTranscriptWindowRequest(run_id="run", iteration=i))
+        summaries = [summarized.summary_ref for summarized in window.summarized_ranges]
+        if before is not None:
+            entered = [ref for ref in summaries if ref not in previous_summaries]
+            left = [ref for ref in previous_summaries if ref not in summaries]
+            reason = answer.cache.break_reason
+            seen.setdefault(reason, []).append(i)
+            # The first part that differs is a summary that was not fed before: one was recorded.
+            assert (reason == "summary_recorded") == (recorded_for == i and bool(entered)), (i, reason, entered, left)
+            if left and not entered:
+                assert reason == "summary_slid_out", (i, reason, left)
+                kept_some += bool(summaries)  # the window then opens with a summary fed before
+        if answer.compaction.due and answer.compaction.candidate_event_ids and i % 3 == 0:
+            stub.RecordSummary(pb.RecordSummaryRequest(
+                run_id="run", iteration=i + 1, replaced_event_ids=answer.compaction.candidate_event_ids,
+                summary_text=f"Summary {i}: " + "s" * 60))
+            recorded_for = i + 1
+        before, previous_summaries = answer, summaries
+    assert seen.get("summary_recorded"), "summaries entered the window"
+    assert kept_some >= 2, "summaries slid out of the window while newer ones stayed"

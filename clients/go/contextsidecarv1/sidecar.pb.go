@@ -1291,8 +1291,10 @@ type CacheReport struct {
 	// previous one was rendered in another form); "profile:<part>" (the static prefix changed:
 	// system_prompt, participants, agents, skills_index or tools, the first changed one named);
 	// "task_changed" (the task's sections, or the prompt_cache_key); "skill_loaded" /
-	// "skill_unloaded"; "summary_recorded" (a summary entered the window there);
-	// "window_start_moved" (the window's first verbatim event changed); "tool_results_cleared"
+	// "skill_unloaded"; "summary_recorded" (a summary not fed before entered the window there);
+	// "summary_slid_out" (no summary entered there, but a summary fed before is left out: the
+	// window's start moved past it); "window_start_moved" (the window's first verbatim event
+	// changed); "tool_results_cleared"
 	// (a tool result is fed as its cleared placeholder from now on); "history_changed" (anything
 	// else, e.g. a call's placeholder result replaced by the real one).
 	BreakReason   string `protobuf:"bytes,3,opt,name=break_reason,json=breakReason,proto3" json:"break_reason,omitempty"`
