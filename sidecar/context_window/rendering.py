@@ -23,7 +23,9 @@ Prompt caches hit on the longest identical prefix, so a request is also seen as 
 history item of the body (an OpenAI input item; an Anthropic content block). :func:`openai_parts`
 and :func:`anthropic_parts` list a history's parts in body order, each with a key that is equal
 exactly when the part's bytes are (and for Anthropic, when it opens the same kind of message)
-and the tokens the sidecar counted for the texts it carries (fixed placeholders count 0).
+and the tokens the sidecar counted for the texts it carries (the renderings' fixed texts as the
+caller counts them). A provider also counts the framing around each block, which the caller
+adds (:data:`FRAMING_TOKENS`).
 Anthropic's ``cache_control`` breakpoints go on the last static block, the last per-task block,
 and the history blocks the caller names (``rolling``, indices into the history's parts).
 
@@ -91,6 +93,11 @@ class HistoryItem:
 
 # A part of a request: (key, tokens). Equal keys at the same index: identical bytes there.
 Part = tuple[str, int]
+# The tokens a provider adds around each block of a request (a tool, a system block or OpenAI's
+# instructions, an input item or content block): its role and type markers. An estimate, the same
+# for both forms: OpenAI documents 3 a message for its chat format, and a block's type adds one;
+# Anthropic documents none. What it misses shows in RecordUsage's drift (docs/transcript.md).
+FRAMING_TOKENS = 4
 SUMMARY_TYPE = "context.summary"
 CACHE_CONTROL = '"cache_control":{"type":"ephemeral"}'
 
@@ -346,8 +353,15 @@ def _results_key(kind: str, call_id: str, keys: tuple[str, ...]) -> str:
     return kind + digest(call_id, *keys)
 
 
-def openai_parts(history: Sequence[HistoryItem]) -> list[Part]:
-    """The history's input items in :func:`openai_responses` order, as parts."""
+def uncounted(text: str) -> int:
+    """No count: for the renderings' own texts when the run's counter cannot count them (a
+    host-defined one), or when no counter is given."""
+    return 0
+
+
+def openai_parts(history: Sequence[HistoryItem], fixed: Callable[[str], int] = uncounted) -> list[Part]:
+    """The history's input items in :func:`openai_responses` order, as parts; ``fixed`` counts
+    the rendering's fixed texts (a missing result's)."""
     parts: list[Part] = []
     add = parts.append
     for turn in _turns(history):
@@ -358,7 +372,8 @@ def openai_parts(history: Sequence[HistoryItem]) -> list[Part]:
         for is_call, item in turn.items:
             add(("C" + item.key if is_call else item.key, item.tokens))
         for call_id, results in turn.calls.items():
-            tokens = results[0].tokens if len(results) == 1 else sum(r.tokens for r in results if r.text)
+            tokens = results[0].tokens if len(results) == 1 else \
+                sum(r.tokens for r in results if r.text) if results else fixed(NO_RESULT)
             add((_output_key("O", call_id, results), tokens))
     return parts
 
@@ -385,16 +400,17 @@ def _nothing_wanted(item: HistoryItem) -> bool:
     return False
 
 
-def anthropic_parts_and_first(history: Sequence[HistoryItem],
-                              wanted: Callable[[HistoryItem], bool] | None) -> tuple[list[Part], int]:
+def anthropic_parts_and_first(history: Sequence[HistoryItem], wanted: Callable[[HistoryItem], bool] | None,
+                              fixed: Callable[[str], int] = uncounted) -> tuple[list[Part], int]:
     """:func:`anthropic_parts` and :func:`anthropic_first_block` in one pass over the history
-    (a turn's request needs both; ``wanted`` None: no block is looked for, the index is -1)."""
+    (a turn's request needs both; ``wanted`` None: no block is looked for, the index is -1);
+    ``fixed`` counts the rendering's fixed texts."""
     parts: list[Part] = []
     turns = _turns(history)
     if not turns:
-        return [("<uN", 0)], -1
+        return [("<uN", fixed(NO_MESSAGES))], -1
     if turns[0].assistant:
-        parts.append(("<uK", 0))
+        parts.append(("<uK", fixed(CONTINUED)))
     first = -1
     looking = wanted is not None
     is_wanted = wanted if wanted is not None else _nothing_wanted  # called only while looking
@@ -420,7 +436,7 @@ def anthropic_parts_and_first(history: Sequence[HistoryItem],
         parts += blocks
         if turn.assistant:
             owed_results = list(turn.calls.values())
-            owed = [(_output_key("R", call_id, results), _results_tokens(results))
+            owed = [(_output_key("R", call_id, results), _results_tokens(results) if results else fixed(NO_RESULT))
                     for call_id, results in turn.calls.items()]
         else:
             owed_results = []

@@ -35,6 +35,7 @@ from sidecar.context_window.profiles import (
 )
 from sidecar.context_window.rendering import (
     ANTHROPIC_MAX_BREAKPOINTS,
+    FRAMING_TOKENS,
     PER_TURN,
     STATIC,
     AnthropicStatic,
@@ -52,6 +53,7 @@ from sidecar.context_window.rendering import (
     quote,
     task_part,
     task_part_names,
+    uncounted,
 )
 from sidecar.errors import TokenBudgetExceeded, ValidationError
 from sidecar.storage.codec import StoredEvent, decode_event
@@ -271,21 +273,29 @@ def render(kind: str, plan: Layout, history: Sequence[HistoryItem], cache: dict,
 
 @dataclass(frozen=True, slots=True)
 class CacheReport:
-    """The part of this request that repeats the previous assembly's, byte for byte."""
+    """The part of this request that repeats the previous assembly's, byte for byte, counted as
+    the provider counts it (for a rendering, with the framing of each block: see the proto)."""
 
     stable_prefix_tokens: int  # the tokens of parts[:break_at]
     break_at: int  # the first part that is not the previous request's part at the same index
     break_reason: str  # why it differs ("" when the previous request is all repeated); see the proto
+    request_tokens: int = 0  # the whole request's, counted alike (0: a report persisted before it was)
 
 
-def request_parts(form: str, plan: Layout, history: Sequence[HistoryItem]) -> tuple[list[Part], int, int]:
+def request_parts(form: str, plan: Layout, history: Sequence[HistoryItem],
+                  count: Callable[[str], int] = uncounted) -> tuple[list[Part], int, int]:
     """The request as parts (see sidecar.context_window.rendering), the index of its first history part, and
     for Anthropic the history block of the first tool result a clearing will replace (-1: none, or
     another form; found in the same pass):
     the static prefix (the static sections and the tools; for OpenAI also the prompt cache key,
     which routes the request to a cache), each per-task section, then the history: the window's
-    entries for the plain form (""), the body's items for a rendering."""
+    entries for the plain form (""), the body's items for a rendering. A part's tokens are its
+    texts' as sent, without framing; ``count`` counts those the rendering adds (the run's counter)."""
     static_tokens = sum(s.tokens for s in plan.sections if s.stability == STATIC) + plan.profile.tools_tokens
+    if form == "openai_responses":
+        texts = _static_texts(plan)
+        if texts > 1:  # the instructions join the static texts with a blank line
+            static_tokens += (texts - 1) * count("\n\n")
     routed = "\x00" + plan.task_id if form == "openai_responses" else ""
     parts: list[Part] = [("P" + plan.prefix_sha256 + routed, static_tokens)]
     parts += [task_part(s.name, s.text, s.tokens) for s in plan.sections
@@ -293,9 +303,9 @@ def request_parts(form: str, plan: Layout, history: Sequence[HistoryItem]) -> tu
     start = len(parts)
     clearable = -1
     if form == "openai_responses":
-        parts += openai_parts(history)
+        parts += openai_parts(history, count)
     elif form == "anthropic_messages":
-        history_parts, clearable = anthropic_parts_and_first(history, _clearable)
+        history_parts, clearable = anthropic_parts_and_first(history, _clearable, count)
         parts += history_parts
     else:
         parts += [(item.key, item.tokens) for item in history]
@@ -306,13 +316,35 @@ def _clearable(item: HistoryItem) -> bool:
     return item.will_change
 
 
+def _static_blocks(form: str, plan: Layout) -> int:
+    """How many blocks a provider frames in the request's static prefix: each tool, and the static
+    texts (OpenAI: one instructions string; Anthropic: a system block each)."""
+    texts = _static_texts(plan)
+    return len(plan.profile.profile.tools) + (min(texts, 1) if form == "openai_responses" else texts)
+
+
+def _static_texts(plan: Layout) -> int:
+    """The static sections a rendering feeds (the blank ones it leaves out)."""
+    return sum(1 for s in plan.sections if s.stability == STATIC and not is_blank(s.text))
+
+
+def _as_provider_counts(form: str, plan: Layout, tokens: list[int], upto: int) -> int:
+    """The tokens of the request's first ``upto`` parts as its provider counts them: their texts,
+    and for a rendering FRAMING_TOKENS around each block (the static part holds several)."""
+    texts = sum(tokens[:upto])
+    if not form or not upto:
+        return texts  # without a rendering, the request's framing is the host's, unknown here
+    return texts + FRAMING_TOKENS * (_static_blocks(form, plan) + upto - 1)
+
+
 def cache_state(form: str, plan: Layout, window: TranscriptWindow, history: Sequence[HistoryItem],
-                changed: tuple[str, ...], previous: dict | None) -> dict:
+                changed: tuple[str, ...], previous: dict | None, count: Callable[[str], int] = uncounted) -> dict:
     """This request's cache state, to persist with its window (what the next turn compares
     with: each part's key, Anthropic's breakpoints), and its report against ``previous`` (the
     previous assembly's state; None: there is none). The parts' tokens are not kept: the
-    stable prefix's are this request's, and every re-assembly parses what is kept."""
-    parts, start, clearable = request_parts(form, plan, history)
+    stable prefix's are this request's, and every re-assembly parses what is kept. ``count``
+    counts the texts a rendering adds, in the run's counter."""
+    parts, start, clearable = request_parts(form, plan, history, count)
     keys, tokens = (list(column) for column in zip(*parts))  # a request has its prefix part at least
     fed = window.summaries_fed
     first = window.event_ids[fed] if len(window.event_ids) > fed else ""
@@ -333,8 +365,9 @@ def cache_state(form: str, plan: Layout, window: TranscriptWindow, history: Sequ
         room = ANTHROPIC_MAX_BREAKPOINTS - plan.anthropic.has_system_blocks - (start > 1)  # static, per-task
         rolling = anthropic_rolling(len(keys) - 1, reads, start + clearable - 1 if clearable > 0 else -1, room)
     reason = _break_reason(form, previous, keys, at, changed, first, altered)
-    return {"form": form, "keys": keys, "history_from": start, "rolling": rolling,
-            "first": first, "altered": altered, "report": [sum(tokens[:at]), at, reason]}
+    return {"form": form, "keys": keys, "history_from": start, "rolling": rolling, "first": first,
+            "altered": altered, "report": [_as_provider_counts(form, plan, tokens, at), at, reason,
+                                           _as_provider_counts(form, plan, tokens, len(tokens))]}
 
 
 def cache_report(state: dict) -> CacheReport:

@@ -75,7 +75,7 @@ class Metrics:
                                registry=registry)
         self._stable_share = Histogram(PREFIX + "turn_stable_prefix_ratio", "The share of one AssembleContext "
                                        "request that repeats the previous one (cache.stable_prefix_tokens / "
-                                       "window_tokens)", buckets=RATIOS, registry=registry)
+                                       "cache.request_tokens)", buckets=RATIOS, registry=registry)
         self._stable_tokens = Counter(PREFIX + "turn_stable_prefix_tokens_total", "Tokens of AssembleContext "
                                       "requests that repeat the previous request (cache.stable_prefix_tokens)",
                                       registry=registry)
@@ -172,13 +172,13 @@ class Metrics:
     # -- the recordings, called by the module's functions below -----------------------------------
 
     def _turn(self, transcript_tokens: int, transcript_budget: int, window_tokens: int, stable_prefix_tokens: int,
-              break_reason: str) -> None:
+              request_tokens: int, break_reason: str) -> None:
         self._transcript.observe(transcript_tokens)
         self._window.observe(window_tokens)
         if transcript_budget:
             self._fill.observe(transcript_tokens / transcript_budget)
-        if window_tokens:
-            self._stable_share.observe(stable_prefix_tokens / window_tokens)
+        if request_tokens:
+            self._stable_share.observe(stable_prefix_tokens / request_tokens)
         self._stable_tokens.inc(stable_prefix_tokens)
         if break_reason:
             self._breaks.labels(break_reason.partition(":")[0]).inc()
@@ -324,13 +324,14 @@ def _record(action: Callable[..., None], *args: Any) -> None:
 # -- what the areas call: one line each, a failed check when metrics are off -----------------------
 
 def turn_fed(transcript_tokens: int, transcript_budget: int, window_tokens: int, stable_prefix_tokens: int,
-             break_reason: str) -> None:
+             request_tokens: int, break_reason: str) -> None:
     """One AssembleContext answer: its transcript tokens and budget, everything it feeds, the tokens
-    that repeat the previous request and why not more ("": all of it is repeated)."""
+    that repeat the previous request of the request's (counted as its provider does) and why not
+    more ("": all of it is repeated)."""
     metrics = _current.get()
     if metrics is not None:
         _record(metrics._turn, transcript_tokens, transcript_budget, window_tokens, stable_prefix_tokens,
-                break_reason)
+                request_tokens, break_reason)
 
 
 def summary_recorded(by: str) -> None:

@@ -20,7 +20,7 @@ from typing import TypeVar
 from sidecar.context_window import sections
 from sidecar.context_window.policy import HistoryEvent, SummariseInput, SummariseResult, TriggerInput
 from sidecar.context_window.profiles import HISTORY
-from sidecar.context_window.rendering import HistoryItem
+from sidecar.context_window.rendering import HistoryItem, uncounted
 from sidecar.context_window.run_context import RunContexts
 from sidecar.context_window.sections import CacheReport, HistoryCache, Layout, Section
 from sidecar.errors import Deadline, NotFound, PluginFailed, SidecarError
@@ -298,9 +298,11 @@ class Turn:
         """The request's cache state in the form ``render``, against the previous assembly's
         (the window persisted for the newest earlier iteration; none: a first turn)."""
         previous = previous_window(txn, self._db, self.key, self.iteration)
+        counter = window.token_counter
         return sections.cache_state(self.render, layout, window, history,
-                                          tuple((window.context or {}).get("changed", ())),
-                                          previous.cache if previous else None)
+                                    tuple((window.context or {}).get("changed", ())),
+                                    previous.cache if previous else None,
+                                    self._deps.counters.get(counter).count if counter != "host-defined" else uncounted)
 
     def _cache_of(self, txn: Txn, layout: Layout, window: TranscriptWindow,
                   history: tuple[HistoryItem, ...]) -> dict:
@@ -381,8 +383,9 @@ class Turn:
         window = assembled.window
         tracing.set_attributes(iteration=self.iteration, tokens=window.token_count, entries=len(window.event_ids),
                                budget=window.token_budget)
-        metrics.turn_fed(window.token_count, window.token_budget, assembled.window_tokens,
-                         assembled.cache.stable_prefix_tokens, assembled.cache.break_reason)
+        cache = assembled.cache
+        metrics.turn_fed(window.token_count, window.token_budget, assembled.window_tokens, cache.stable_prefix_tokens,
+                         cache.request_tokens or assembled.window_tokens, cache.break_reason)
         return assembled
 
 

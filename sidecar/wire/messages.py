@@ -143,7 +143,7 @@ def usage_to(usage: Usage) -> pb.Usage:
 
 def cache_report_to(report: CacheReport) -> pb.CacheReport:
     return pb.CacheReport(stable_prefix_tokens=report.stable_prefix_tokens, break_at=report.break_at,
-                          break_reason=report.break_reason)
+                          break_reason=report.break_reason, request_tokens=report.request_tokens)
 
 
 def compaction_record_to(record: CompactionRecord) -> pb.CompactionRecord:

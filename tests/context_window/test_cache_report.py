@@ -1,7 +1,8 @@
 """What each answer says the provider's prompt cache will do, over a real server: the tokens of
 a request that repeat the previous one (recounted here from the two requests themselves, with
-the "chars" counter: a text's tokens are its code points), where it breaks and why; Anthropic's
-breakpoints on long histories; and the provider's cached figures set against the prediction."""
+the "chars" counter: a text's tokens are its code points, and a rendering's every block framed
+by FRAMING more), where it breaks and why; Anthropic's breakpoints on long histories; and the
+provider's cached figures set against the prediction."""
 
 from __future__ import annotations
 
@@ -18,7 +19,10 @@ from sidecar.text.encodings import load_encoding
 from tests.helpers import call_error
 
 FORMS = ("", "openai_responses", "anthropic_messages")
-PLACEHOLDERS = {NO_RESULT, CONTINUED, NO_MESSAGES}  # the renderings' fixed texts: the sidecar counts them 0
+PLACEHOLDERS = {NO_RESULT, CONTINUED, NO_MESSAGES}  # the renderings' fixed texts: sent, so counted
+# What a provider adds around each block of a rendering (a tool, a system block or the
+# instructions, an input item or content block): its role and type markers (docs/transcript.md).
+FRAMING = 4
 LOOKBACK = 20  # Anthropic looks for an earlier cache entry at most this many blocks before a breakpoint
 RELIED = 15  # the sidecar leaves a read this many blocks back or fewer to that lookback (a margin for "about 20")
 SCHEMA = {"type": "object", "properties": {"q": {"type": "string"}}}
@@ -81,7 +85,8 @@ def texts_of(value: object) -> list[str]:
 
 
 def tokens_of(value: object) -> int:
-    return sum(chars(text) for text in texts_of(value) if text not in PLACEHOLDERS)
+    """A block's tokens as its provider counts them: its texts and its framing."""
+    return sum(chars(text) for text in texts_of(value)) + FRAMING
 
 
 def uncached(block: dict) -> dict:
@@ -98,16 +103,18 @@ def parts_of(answer: pb.AssembleContextResponse, form: str, profile: pb.Profile 
         parts += [(json.dumps([s.name, s.text]), chars(s.text)) for s in answer.sections if s.stability == "per_task"]
         return parts + [(json.dumps([e.role, e.call_id, e.tool_name, e.text]), chars(e.text)) for e in answer.entries]
     body = json.loads(answer.rendered)
+    # The tools as the canonical list counts them, each tool a block.
+    tools_tokens = chars(tools) + FRAMING * len(body["tools"])
     if form == "openai_responses":
-        # instructions joins the static sections with a blank line, which the counts leave out.
+        # instructions joins the static sections with a blank line: one block, its text as sent.
         instructions = body.get("instructions", "")
-        prefix_tokens = chars(instructions) - 2 * (len(static) - 1) + chars(tools)
+        prefix_tokens = (chars(instructions) + FRAMING if instructions else 0) + tools_tokens
         prefix = json.dumps([instructions, body["tools"], body["prompt_cache_key"]])
         return [(prefix, prefix_tokens)] + [(json.dumps(item), tokens_of(item)) for item in body["input"]]
     system = body["system"]
     prefix = json.dumps([body["tools"], [uncached(b) for b in system[:len(static)]]])
-    parts = [(prefix, sum(chars(b["text"]) for b in system[:len(static)]) + chars(tools))]
-    parts += [(json.dumps(uncached(b)), chars(b["text"])) for b in system[len(static):]]
+    parts = [(prefix, sum(tokens_of(b) for b in system[:len(static)]) + tools_tokens)]
+    parts += [(json.dumps(uncached(b)), tokens_of(b)) for b in system[len(static):]]
     for message in body["messages"]:
         for position, block in enumerate(message["content"]):
             opens = message["role"] if position == 0 else ""
@@ -115,9 +122,25 @@ def parts_of(answer: pb.AssembleContextResponse, form: str, profile: pb.Profile 
     return parts
 
 
-def recounted(before: pb.AssembleContextResponse, after: pb.AssembleContextResponse, form: str) -> tuple[int, int]:
+def blocks_in(answer: pb.AssembleContextResponse, form: str) -> int:
+    """The blocks a provider frames in the request's body (none without one)."""
+    if not form:
+        return 0
+    body = json.loads(answer.rendered)
+    if form == "openai_responses":
+        return len(body["tools"]) + ("instructions" in body) + len(body["input"])
+    return len(body["tools"]) + len(body["system"]) + sum(len(m["content"]) for m in body["messages"])
+
+
+def request_tokens(answer: pb.AssembleContextResponse, form: str, profile: pb.Profile = PROFILE) -> int:
+    """The whole request's tokens, recounted as its parts' are."""
+    return sum(tokens for _, tokens in parts_of(answer, form, profile))
+
+
+def recounted(before: pb.AssembleContextResponse, after: pb.AssembleContextResponse, form: str,
+              profile: pb.Profile = PROFILE) -> tuple[int, int]:
     """(stable tokens, break_at) of ``after`` against ``before``, recounted from the two requests."""
-    old, new = parts_of(before, form), parts_of(after, form)
+    old, new = parts_of(before, form, profile), parts_of(after, form, profile)
     at = 0
     while at < min(len(old), len(new)) and old[at][0] == new[at][0]:
         at += 1
@@ -153,10 +176,10 @@ def test_a_turn_that_only_appends_repeats_the_whole_previous_request(start_serve
         assert (answer.cache.stable_prefix_tokens, answer.cache.break_at) == (stable, at)
         if form and i == 6:
             # The rendering fed placeholders for turn 5's calls; their real results change those items.
-            assert answer.cache.break_reason == "history_changed" and stable < before.window_tokens
+            assert answer.cache.break_reason == "history_changed" and stable < request_tokens(before, form)
         else:
             assert answer.cache.break_reason == ""
-            assert stable == before.window_tokens, "the whole previous request repeats"
+            assert stable == request_tokens(before, form), "the whole previous request repeats"
         before = answer
     # Re-assembling an iteration answers the same report; in another form, that form's.
     again = assemble(stub, "run", 8, [], form)
@@ -302,7 +325,8 @@ def test_usage_sets_the_provider_cached_figures_against_the_prediction(start_ser
     usage = stub.RecordUsage(pb.RecordUsageRequest(run_id="run", iteration=2, input_tokens=30,
                                                    cache_read_input_tokens=400, cache_creation_input_tokens=70,
                                                    output_tokens=9))
-    assert usage.predicted_cached_tokens == second.cache.stable_prefix_tokens == first.window_tokens
+    assert usage.predicted_cached_tokens == second.cache.stable_prefix_tokens == \
+        request_tokens(first, "anthropic_messages")
     assert usage.reported_cached_tokens == 400
     assert (usage.cache_read_input_tokens, usage.cache_creation_input_tokens) == (400, 70)
     assert usage.drift_tokens == 30 + 400 + 70 - second.window_tokens  # Anthropic's three figures add up
@@ -413,3 +437,34 @@ def test_a_summary_is_named_as_the_break_only_when_one_entered_the_window(start_
         before, previous_summaries = answer, summaries
     assert seen.get("summary_recorded"), "summaries entered the window"
     assert kept_some >= 2, "summaries slid out of the window while newer ones stayed"
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_the_stable_prefix_counts_what_the_provider_counts_of_it(start_server, form: str) -> None:
+    """A provider bills the framing of every block it reads from its cache, and the texts a rendering
+    adds (a missing result's placeholder, the blank lines joining OpenAI's instructions), not the
+    entries' texts alone: the stable prefix is the prefix's tokens as the provider counts them, and
+    the request's whole count beside it is counted alike. Without a rendering there is no framing
+    the sidecar knows of: its counts are the texts'."""
+    stub = start_server(token_counter="chars", transcript_token_budget=20_000).stub
+    profile = pb.Profile(system_prompt=PROFILE.system_prompt, tools=[
+        PROFILE.tools[0], pb.ToolDefinition(name="open", description="Open a page.", parameters_json="{}")],
+        participants=[pb.Participant(role="user", description="A customer.")])
+    stub.OpenRun(pb.OpenRunRequest(run_id="run", profile=profile, task=TASK))
+    before = assemble(stub, "run", 1, turn_events(1, calls=2), form)
+    for i in range(2, 6):
+        # Turn 3 ends with its calls unanswered: the rendering feeds a placeholder result for each.
+        events = turn_events(i, calls=2)[:3] if i == 3 else turn_events(i)
+        answer = assemble(stub, "run", i, events, form)
+        stable, at = recounted(before, answer, form, profile)
+        assert (answer.cache.stable_prefix_tokens, answer.cache.break_at) == (stable, at), i
+        assert answer.cache.request_tokens == request_tokens(answer, form, profile), i
+        if i != 4:  # turn 4 answers turn 3's calls, in place of the placeholders
+            assert stable == request_tokens(before, form, profile), "the whole previous request repeats"
+        # Beside the budget's count (the texts), the framing of every block the body holds.
+        assert answer.cache.request_tokens >= answer.window_tokens + FRAMING * blocks_in(answer, form)
+        usage = stub.RecordUsage(pb.RecordUsageRequest(run_id="run", iteration=i, input_tokens=9, cached_tokens=5))
+        assert usage.predicted_cached_tokens == stable
+        before = answer
+    if not form:
+        assert before.cache.request_tokens == before.window_tokens

@@ -180,7 +180,7 @@ def test_a_scraped_sidecar_counts_what_its_calls_did(tmp_path: Path) -> None:
         assert moved(after, before, "context_sidecar_turn_stable_prefix_tokens_total") == sum(
             a.cache.stable_prefix_tokens for a in answers)
         assert moved(after, before, "context_sidecar_turn_stable_prefix_ratio_sum") == pytest.approx(
-            sum(a.cache.stable_prefix_tokens / a.window_tokens for a in answers))
+            sum(a.cache.stable_prefix_tokens / a.cache.request_tokens for a in answers))
         breaks = collections.Counter(a.cache.break_reason.partition(":")[0] for a in answers if a.cache.break_reason)
         assert breaks["first_turn"] == 2 and breaks["summary_recorded"] == 2 and breaks["tool_results_cleared"] >= 1
         assert {reason: moved(after, before, "context_sidecar_turn_cache_breaks_total", reason=reason)

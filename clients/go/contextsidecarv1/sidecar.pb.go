@@ -1274,10 +1274,14 @@ func (x *AssembleContextResponse) GetCache() *CacheReport {
 // (openai_responses: each input item after the per-task developer messages; anthropic_messages:
 // each content block of messages). Two parts are equal when their bytes are (an Anthropic block
 // that opens a message also opens one in the other; its cache_control, which moves from turn to
-// turn, is left out, as the provider's cache leaves it out). A part's tokens are the counts the sidecar
-// reports for the texts it carries (the sections' and the entries' tokens, in the run's counter);
-// the framing and a rendering's fixed placeholder texts count 0. The previous request is the one
-// persisted with the run's newest window of an earlier iteration, in the same form.
+// turn, is left out, as the provider's cache leaves it out). The tokens are counted as the provider
+// counts its prompt, in the run's counter: each part's texts as sent (the sections' and the entries'
+// tokens; the canonical tool list's for the tools; a rendering's own texts too: a missing result's
+// placeholder, the blank lines joining OpenAI's instructions), and for a rendering 4 tokens of
+// framing around each block the provider frames (each tool, each system block or the instructions,
+// each input item or content block): an estimate of its role and type markers. Without a rendering
+// the request's framing is the host's, and counts 0. The previous request is the one persisted
+// with the run's newest window of an earlier iteration, in the same form.
 type CacheReport struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The tokens of the parts before break_at: what a provider can bill as cached (before its own
@@ -1297,7 +1301,11 @@ type CacheReport struct {
 	// changed); "tool_results_cleared"
 	// (a tool result is fed as its cleared placeholder from now on); "history_changed" (anything
 	// else, e.g. a call's placeholder result replaced by the real one).
-	BreakReason   string `protobuf:"bytes,3,opt,name=break_reason,json=breakReason,proto3" json:"break_reason,omitempty"`
+	BreakReason string `protobuf:"bytes,3,opt,name=break_reason,json=breakReason,proto3" json:"break_reason,omitempty"`
+	// The whole request's tokens, counted as stable_prefix_tokens are: the share a provider can bill
+	// as cached is stable_prefix_tokens / request_tokens. window_tokens, the budget's count, has no
+	// framing.
+	RequestTokens int32 `protobuf:"varint,4,opt,name=request_tokens,json=requestTokens,proto3" json:"request_tokens,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1351,6 +1359,13 @@ func (x *CacheReport) GetBreakReason() string {
 		return x.BreakReason
 	}
 	return ""
+}
+
+func (x *CacheReport) GetRequestTokens() int32 {
+	if x != nil {
+		return x.RequestTokens
+	}
+	return 0
 }
 
 // One part of the context window.
@@ -5062,7 +5077,7 @@ type Usage struct {
 	CacheReadInputTokens     int32                  `protobuf:"varint,8,opt,name=cache_read_input_tokens,json=cacheReadInputTokens,proto3" json:"cache_read_input_tokens,omitempty"`
 	CacheCreationInputTokens int32                  `protobuf:"varint,9,opt,name=cache_creation_input_tokens,json=cacheCreationInputTokens,proto3" json:"cache_creation_input_tokens,omitempty"`
 	// What the sidecar expected the provider to bill as cached: that iteration's
-	// cache.stable_prefix_tokens (in the run's counter, without framing).
+	// cache.stable_prefix_tokens (in the run's counter, with the rendering's framing estimated).
 	PredictedCachedTokens int32 `protobuf:"varint,10,opt,name=predicted_cached_tokens,json=predictedCachedTokens,proto3" json:"predicted_cached_tokens,omitempty"`
 	// What the provider billed as cached: cached_tokens (OpenAI) or cache_read_input_tokens
 	// (Anthropic). Well below predicted_cached_tokens: the provider missed a prefix the sidecar
@@ -5545,11 +5560,12 @@ const file_contextsidecar_v1_sidecar_proto_rawDesc = "" +
 	"\atask_id\x18\x11 \x01(\tR\x06taskId\x12\x1a\n" +
 	"\brendered\x18\x12 \x01(\tR\brendered\x12+\n" +
 	"\x11summarized_events\x18\x13 \x01(\x05R\x10summarizedEvents\x124\n" +
-	"\x05cache\x18\x14 \x01(\v2\x1e.contextsidecar.v1.CacheReportR\x05cache\"}\n" +
+	"\x05cache\x18\x14 \x01(\v2\x1e.contextsidecar.v1.CacheReportR\x05cache\"\xa4\x01\n" +
 	"\vCacheReport\x120\n" +
 	"\x14stable_prefix_tokens\x18\x01 \x01(\x05R\x12stablePrefixTokens\x12\x19\n" +
 	"\bbreak_at\x18\x02 \x01(\x05R\abreakAt\x12!\n" +
-	"\fbreak_reason\x18\x03 \x01(\tR\vbreakReason\"\xa9\x01\n" +
+	"\fbreak_reason\x18\x03 \x01(\tR\vbreakReason\x12%\n" +
+	"\x0erequest_tokens\x18\x04 \x01(\x05R\rrequestTokens\"\xa9\x01\n" +
 	"\aSection\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
 	"\tstability\x18\x02 \x01(\tR\tstability\x12#\n" +

@@ -3,9 +3,9 @@
 // Integration test: what each AssembleContext answer says the provider's prompt cache will do,
 // through client.js against a real sidecar with the "chars" counter. stable_prefix_tokens and
 // break_at are recounted here from two consecutive renderings alone: the requests' parts (the
-// static prefix, the per-task messages, each input item) compared in order, and the texts of
-// the common ones counted as code points. RecordUsage sets the provider's cached figures
-// against that prediction.
+// static prefix, the per-task messages, each input item) compared in order, and the common ones
+// counted as the provider counts them: their texts as code points, and FRAMING tokens around
+// each block. RecordUsage sets the provider's cached figures against that prediction.
 
 const { describe, it, before, after } = require('node:test');
 const assert = require('node:assert/strict');
@@ -20,7 +20,9 @@ const { codePoints } = require('./text');
 const RUN_ID = 'node-cache';
 const TURNS = 8;
 const FLAGS = ['--token-counter', 'chars', '--transcript-token-budget', '20000'];
-const NO_RESULT = '(no result was recorded for this call)'; // the rendering's placeholder: counted 0
+// What a provider adds around each block of a rendering (a tool, the instructions, an input item):
+// its role and type markers, as the sidecar estimates them (docs/transcript.md).
+const FRAMING = 4;
 
 const SCHEMA = { type: 'object', properties: { q: { type: 'string' } } };
 const PROFILE = {
@@ -61,17 +63,20 @@ function texts(item) {
 }
 
 // The request as parts: [key, tokens]. The static prefix is instructions (the static sections
-// joined by a blank line, which the counts leave out), the tools and the prompt cache key.
+// joined by a blank line, as sent), the tools (the canonical list's count, each tool a block) and
+// the prompt cache key. A missing result's placeholder is sent, so counted.
 function parts(answer) {
   const body = JSON.parse(answer.rendered);
-  const staticCount = answer.sections.filter((s) => s.stability === 'static').length;
-  const prefixTokens = codePoints(body.instructions) - 2 * (staticCount - 1) + TOOLS_TOKENS;
+  const prefixTokens = codePoints(body.instructions) + FRAMING + TOOLS_TOKENS + FRAMING * body.tools.length;
   const out = [[JSON.stringify([body.instructions, body.tools, body.prompt_cache_key]), prefixTokens]];
   for (const item of body.input) {
-    const tokens = texts(item).filter((t) => t !== NO_RESULT).reduce((sum, t) => sum + codePoints(t), 0);
-    out.push([JSON.stringify(item), tokens]);
+    out.push([JSON.stringify(item), texts(item).reduce((sum, t) => sum + codePoints(t), FRAMING)]);
   }
   return out;
+}
+
+function requestTokens(answer) {
+  return parts(answer).reduce((sum, [, tokens]) => sum + tokens, 0);
 }
 
 function recount(before, after) {
@@ -106,14 +111,16 @@ describe('the prompt cache report over gRPC (Node.js client)', () => {
       const answer = await client.assembleContext({ run_id: RUN_ID, iteration: i, append_events: turnEvents(i),
         render: 'openai_responses' });
       if (i === 1) {
-        assert.deepEqual(answer.cache, { stable_prefix_tokens: 0, break_at: 0, break_reason: 'first_turn' });
+        assert.deepEqual(answer.cache, { stable_prefix_tokens: 0, break_at: 0, break_reason: 'first_turn',
+          request_tokens: requestTokens(answer) });
       } else {
         const previous = answers[answers.length - 1];
         const { stable, at } = recount(previous, answer);
         assert.equal(answer.cache.stable_prefix_tokens, stable, `turn ${i}: stable tokens`);
         assert.equal(answer.cache.break_at, at, `turn ${i}: break_at`);
         assert.equal(answer.cache.break_reason, '', `turn ${i}: nothing broke`);
-        assert.equal(stable, previous.window_tokens, `turn ${i}: the whole previous request repeats`);
+        assert.equal(stable, requestTokens(previous), `turn ${i}: the whole previous request repeats`);
+        assert.equal(answer.cache.request_tokens, requestTokens(answer), `turn ${i}: the request's tokens`);
         assert.equal(at, parts(previous).length);
       }
       answers.push(answer);

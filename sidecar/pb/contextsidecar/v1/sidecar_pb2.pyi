@@ -230,14 +230,16 @@ class AssembleContextResponse(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., iteration: _Optional[int] = ..., token_counter: _Optional[str] = ..., token_budget: _Optional[int] = ..., token_count: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[WindowEntry, _Mapping]]] = ..., event_ids: _Optional[_Iterable[str]] = ..., omitted_events: _Optional[int] = ..., appended: _Optional[_Iterable[_Union[AppendResult, _Mapping]]] = ..., compaction: _Optional[_Union[Compaction, _Mapping]] = ..., sections: _Optional[_Iterable[_Union[Section, _Mapping]]] = ..., prefix_sha256: _Optional[str] = ..., prefix_changed: _Optional[_Iterable[str]] = ..., window_tokens: _Optional[int] = ..., tools_tokens: _Optional[int] = ..., turn_limit_tokens: _Optional[int] = ..., task_id: _Optional[str] = ..., rendered: _Optional[str] = ..., summarized_events: _Optional[int] = ..., cache: _Optional[_Union[CacheReport, _Mapping]] = ...) -> None: ...
 
 class CacheReport(_message.Message):
-    __slots__ = ("stable_prefix_tokens", "break_at", "break_reason")
+    __slots__ = ("stable_prefix_tokens", "break_at", "break_reason", "request_tokens")
     STABLE_PREFIX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     BREAK_AT_FIELD_NUMBER: _ClassVar[int]
     BREAK_REASON_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_TOKENS_FIELD_NUMBER: _ClassVar[int]
     stable_prefix_tokens: int
     break_at: int
     break_reason: str
-    def __init__(self, stable_prefix_tokens: _Optional[int] = ..., break_at: _Optional[int] = ..., break_reason: _Optional[str] = ...) -> None: ...
+    request_tokens: int
+    def __init__(self, stable_prefix_tokens: _Optional[int] = ..., break_at: _Optional[int] = ..., break_reason: _Optional[str] = ..., request_tokens: _Optional[int] = ...) -> None: ...
 
 class Section(_message.Message):
     __slots__ = ("name", "stability", "never_compact", "text", "tokens", "event_ids")
