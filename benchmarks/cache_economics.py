@@ -9,7 +9,9 @@ turn's answer:
 
 - chat: the previous answer (~200 o200k tokens) and the user's message (~100);
 - tools: the previous answer, the user's message, an assistant tool call, and its result of
-  200-4,000 tokens (uniform), under a ~2k-token system prompt and 40 tools (~6k tokens).
+  200-4,000 tokens (uniform), under a ~2k-token system prompt and 40 tools (~6k tokens);
+- mixed: as tools, but a third of the results are under 40 tokens (a cleared placeholder would
+  be no smaller) and one in twenty 5,000-8,000.
 
 Summaries: off; host (when the answer says compaction is due, a deterministic fake summariser
 records a summary of the candidates through RecordSummary); or built-in ([context] summariser =
@@ -23,7 +25,9 @@ never taken from the sidecar's own ``cache`` report. Per run and policy: the ide
 and cached shares of the tokens sent (mean and p10, from turn 2), the mean fill of the transcript
 budget (once the run's events exceed it), summaries and clearings per 100 turns (the run's
 log entries), the p50 of the timed AssembleContext, and the billed input per turn in base-price
-tokens with Anthropic's and OpenAI's ratios. Then the issue's aims as ratios measured here, and
+tokens with Anthropic's and OpenAI's ratios; then the turns that clear tool results (whose
+request feeds a cleared placeholder for the first time): their cached shares and their part of
+the Anthropic bill. Then the issue's aims as ratios measured here, and
 a PNG plot of the billed input per turn (needs matplotlib: ``pip install -e '.[bench]'``).
 
     python -m benchmarks.cache_economics [--turns 1000] [--budgets 8000,32000] [--shapes chat,tools]
@@ -55,13 +59,16 @@ from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
 from sidecar.settings import ConfigError, env_name, load_settings
 from sidecar.text.encodings import load_encoding
 
-SHAPES = ("chat", "tools")
+SHAPES = ("chat", "tools", "mixed")
 MODES = ("off", "host", "builtin")
 MODE_FLAGS = {"off": ["--no-summarization"], "host": ["--summarization", "--summariser", "none"],
               "builtin": ["--summarization", "--summariser", "extractive"]}
 MODE_NAMES = {"off": "off", "host": "host", "builtin": "built-in"}
 USER_WORDS = 90  # ~100 o200k tokens: with a ~200-token answer, ~300 a chat turn
 TOOL_RESULT_TOKENS = (200, 4000)
+SMALL_RESULT_TOKENS, LARGE_RESULT_TOKENS = (5, 39), (5000, 8000)  # the "mixed" shape's other results
+ID_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+CLEARED_PLACEHOLDER = "[tool result cleared to save context: "  # how a cleared result is fed
 DEFAULT_TRIM_FRACTION = 0.6  # [context] trim_to_fraction's default: the aims are the defaults'
 # Summaries per 100 turns at an 800-token budget on main before issue 10 (max_fill, the nagging
 # signal), measured with: python -m benchmarks.cache_economics --turns 300 --budgets 800
@@ -94,6 +101,10 @@ class Tally:
     summaries: int = 0
     clearings: int = 0
     refused_summaries: list[str] = field(default_factory=list)
+    # The turns whose request feeds a tool result as its cleared placeholder for the first time.
+    clearing_cached_anthropic: list[float] = field(default_factory=list)
+    clearing_cached_openai: list[float] = field(default_factory=list)
+    clearing_billed_anthropic: list[float] = field(default_factory=list)
 
     @property
     def scenario(self) -> tuple[str, int, str]:
@@ -121,6 +132,18 @@ def tool_result(rng: random.Random, encoding, target: int) -> str:
     return encoding.decode(encoding.encode_ordinary("\n".join(pieces))[:target])
 
 
+def result_tokens(shape: str, rng: random.Random) -> int:
+    """A tool result's size: "tools" 200-4,000 tokens; "mixed" a third under 40 tokens (too small
+    for a placeholder to save anything), one in twenty over 5,000, the rest 200-4,000."""
+    if shape == "mixed":
+        draw = rng.random()
+        if draw < 1 / 3:
+            return rng.randint(*SMALL_RESULT_TOKENS)
+        if draw < 1 / 3 + 1 / 20:
+            return rng.randint(*LARGE_RESULT_TOKENS)
+    return rng.randint(*TOOL_RESULT_TOKENS)
+
+
 def turns_of(shape: str, count: int, encoding) -> list[list[pb.Event]]:
     """Each turn's new events (iteration 0: the one being assembled), the same for every policy."""
     rng = random.Random(f"{shape}-{count}")
@@ -129,13 +152,14 @@ def turns_of(shape: str, count: int, encoding) -> list[list[pb.Event]]:
         events = [answer] if answer else []
         user = " ".join(corpus.prose(rng).split()[:USER_WORDS])
         events.append(pb.Event(event_id=f"u{turn}", role="user", content=user))
-        if shape == "tools":
-            call_id = f"call-{turn}"
+        if shape in ("tools", "mixed"):
+            # A provider's call ids are long (Anthropic's "toolu_01" and 22 more): in every placeholder.
+            call_id = f"call-{turn}" if shape == "tools" else "toolu_01" + "".join(rng.choices(ID_CHARS, k=22))
             arguments = f'{{"query": "{" ".join(rng.sample(corpus._WORDS, 6))}", "limit": {rng.randrange(5, 50)}}}'
             events.append(pb.Event(event_id=f"c{turn}", role="assistant", type="tool_call", call_id=call_id,
                                    tool_name=f"tool_{rng.randrange(TOOLS):02d}", content=arguments))
             events.append(pb.Event(event_id=f"r{turn}", role="tool", type="tool_result", call_id=call_id,
-                                   content=tool_result(rng, encoding, rng.randint(*TOOL_RESULT_TOKENS))))
+                                   content=tool_result(rng, encoding, result_tokens(shape, rng))))
         turns.append(events)
         # The model's answer to this turn's request reaches the sidecar with the next turn's events.
         answer = pb.Event(event_id=f"a{turn}", role="assistant", content=rng.choice((corpus.prose, corpus.code))(rng))
@@ -159,6 +183,7 @@ class Player:
         self.run_id = f"{tally.shape}-{tally.budget}"
         self.anthropic, self.openai = AnthropicCache(), OpenAICache()
         self.appended_tokens = 0
+        self.cleared = 0  # tool results the last request fed as their placeholder
         stub.OpenRun(pb.OpenRunRequest(run_id=self.run_id, transcript_token_budget=tally.budget,
                                        summarization_supported=tally.mode != "off", profile=run_profile, task=task))
 
@@ -181,6 +206,12 @@ class Player:
             tally.identical.append(openai_bill.identical_share)
             tally.cached_anthropic.append(anthropic_bill.cached_share)
             tally.cached_openai.append(openai_bill.cached_share)
+        cleared = openai.rendered.count(CLEARED_PLACEHOLDER)
+        if cleared > self.cleared:
+            tally.clearing_cached_anthropic.append(anthropic_bill.cached_share)
+            tally.clearing_cached_openai.append(openai_bill.cached_share)
+            tally.clearing_billed_anthropic.append(anthropic_bill.billed)
+        self.cleared = cleared
         due = answer.compaction
         if tally.mode == "host" and due.due and due.candidate_event_ids:
             try:
@@ -255,6 +286,21 @@ def print_table(tallies: list[Tally]) -> None:
               f"{100 * t.summaries / turns:.1f} | {100 * t.clearings / turns:.1f} | {t.latency.p50:,.0f} | "
               f"{billed_a:,.0f} | {_ratio(billed_a, mean(base.billed_anthropic)) if base else '-'} | "
               f"{billed_o:,.0f} | {_ratio(billed_o, mean(base.billed_openai)) if base else '-'} |")
+
+
+def print_clearing_turns(tallies: list[Tally]) -> None:
+    """The turns that clear tool results: what their requests read from the cache, and their share
+    of the Anthropic bill."""
+    cleared = [t for t in tallies if t.clearing_billed_anthropic]
+    if not cleared:
+        return
+    print("\nClearing turns (a request that feeds a cleared placeholder for the first time):\n")
+    print("| shape | budget | summaries | policy | turns | cached A mean | cached O mean | share of A's bill |")
+    print("|---|---:|---|---|---:|---:|---:|---:|")
+    for t in cleared:
+        print(f"| {t.shape} | {t.budget} | {MODE_NAMES[t.mode]} | {t.policy} | {len(t.clearing_billed_anthropic)} | "
+              f"{mean(t.clearing_cached_anthropic):.2f} | {mean(t.clearing_cached_openai):.2f} | "
+              f"{sum(t.clearing_billed_anthropic) / sum(t.billed_anthropic):.2f} |")
 
 
 def print_aims(tallies: list[Tally], default_fraction: float) -> None:
@@ -418,7 +464,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=1000, help="turns of each run")
     parser.add_argument("--budgets", default="8000,32000", help="transcript token budgets, comma-separated")
-    parser.add_argument("--shapes", default=",".join(SHAPES), help="chat, tools")
+    parser.add_argument("--shapes", default=",".join(SHAPES), help="chat, tools, mixed")
     parser.add_argument("--modes", default=",".join(MODES),
                         help="summaries: off, host (RecordSummary when due), builtin (the extractive summariser)")
     parser.add_argument("--trim-fractions", default="0.6",
@@ -435,6 +481,7 @@ def main() -> None:
           f"breakpoints as rendered; OpenAI: cached 0.1 from 1,024 tokens in 128-token steps); shares from turn 2; "
           f"fill once the run's events exceed the budget; p50 of the AssembleContext that appends and renders\n")
     print_table(tallies)
+    print_clearing_turns(tallies)
     for t in tallies:
         if t.refused_summaries:
             print(f"\n{t.shape} {t.budget} {t.policy}: {len(t.refused_summaries)} RecordSummary refused, first: "
