@@ -27,8 +27,10 @@ budget (once the run's events exceed it), summaries and clearings per 100 turns 
 log entries), the p50 of the timed AssembleContext, and the billed input per turn in base-price
 tokens with Anthropic's and OpenAI's ratios; then the turns that clear tool results (whose
 request feeds a cleared placeholder for the first time): their cached shares and their part of
-the Anthropic bill. Then the issue's aims as ratios measured here, and
-a PNG plot of the billed input per turn (needs matplotlib: ``pip install -e '.[bench]'``).
+the Anthropic bill; and the sidecar's own ``cache.stable_prefix_tokens`` over the identical prefix
+modelled here, the one place the report is read, to check it. Then the issue's aims as ratios
+measured here, and a PNG plot of the billed input per turn (needs matplotlib: ``pip install -e
+'.[bench]'``).
 
     python -m benchmarks.cache_economics [--turns 1000] [--budgets 8000,32000] [--shapes chat,tools]
         [--modes off,host,builtin] [--trim-fractions 0.6] [--clearing on] [--plot PATH] [--no-sync]
@@ -105,6 +107,10 @@ class Tally:
     clearing_cached_anthropic: list[float] = field(default_factory=list)
     clearing_cached_openai: list[float] = field(default_factory=list)
     clearing_billed_anthropic: list[float] = field(default_factory=list)
+    # The sidecar's own prediction (cache.stable_prefix_tokens) over the identical prefix modelled
+    # here, on the turns where both are positive (Anthropic form, the one the turn asks for; a
+    # re-assembly in another form is measured against the previous request in the first form)
+    predicted_over_modelled: list[float] = field(default_factory=list)
 
     @property
     def scenario(self) -> tuple[str, int, str]:
@@ -206,6 +212,8 @@ class Player:
             tally.identical.append(openai_bill.identical_share)
             tally.cached_anthropic.append(anthropic_bill.cached_share)
             tally.cached_openai.append(openai_bill.cached_share)
+        if anthropic_bill.identical_prefix and answer.cache.stable_prefix_tokens:
+            tally.predicted_over_modelled.append(answer.cache.stable_prefix_tokens / anthropic_bill.identical_prefix)
         cleared = openai.rendered.count(CLEARED_PLACEHOLDER)
         if cleared > self.cleared:
             tally.clearing_cached_anthropic.append(anthropic_bill.cached_share)
@@ -301,6 +309,16 @@ def print_clearing_turns(tallies: list[Tally]) -> None:
         print(f"| {t.shape} | {t.budget} | {MODE_NAMES[t.mode]} | {t.policy} | {len(t.clearing_billed_anthropic)} | "
               f"{mean(t.clearing_cached_anthropic):.2f} | {mean(t.clearing_cached_openai):.2f} | "
               f"{sum(t.clearing_billed_anthropic) / sum(t.billed_anthropic):.2f} |")
+
+
+def print_predictions(tallies: list[Tally]) -> None:
+    """How the sidecar's cache report compares with the modelled provider's count."""
+    print("\nThe sidecar's cache.stable_prefix_tokens over the identical prefix modelled here (Anthropic form, o200k, "
+          "4 tokens a block), mean / p10:\n")
+    for t in tallies:
+        if t.predicted_over_modelled:
+            print(f"- {t.shape} {t.budget} {MODE_NAMES[t.mode]} {t.policy}: {mean(t.predicted_over_modelled):.2f} / "
+                  f"{p10(t.predicted_over_modelled):.2f}")
 
 
 def print_aims(tallies: list[Tally], default_fraction: float) -> None:
@@ -482,6 +500,7 @@ def main() -> None:
           f"fill once the run's events exceed the budget; p50 of the AssembleContext that appends and renders\n")
     print_table(tallies)
     print_clearing_turns(tallies)
+    print_predictions(tallies)
     for t in tallies:
         if t.refused_summaries:
             print(f"\n{t.shape} {t.budget} {t.policy}: {len(t.refused_summaries)} RecordSummary refused, first: "
