@@ -176,6 +176,14 @@ class RenderSettings:
         "", "OpenAI's prompt_cache_retention sent in openai_responses bodies: 'in_memory' or '24h' (extended "
         "caching, up to 24 hours, on the models that offer it); empty: not sent (the provider's default)",
         choices=PROMPT_CACHE_RETENTIONS)
+    anthropic_cache_ttl_seconds: int = _option(
+        300, "how long Anthropic keeps a prompt cache entry unread (5 minutes; 3600 for the 1-hour cache): a "
+        "turn assembled for anthropic_messages after a longer pause finds the cache cold and takes every "
+        "pending big step then; 0: never assumed cold", minimum=0)
+    openai_cache_ttl_seconds: int = _option(
+        300, "how long OpenAI keeps a cached prefix unread (in_memory: 5 to 10 minutes; 86400 with "
+        "prompt_cache_retention 24h): a turn assembled for openai_responses after a longer pause finds the "
+        "cache cold and takes every pending big step then; 0: never assumed cold", minimum=0)
 
 
 @dataclass(frozen=True)

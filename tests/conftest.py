@@ -8,7 +8,8 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -114,14 +115,15 @@ def start_server(tmp_path: Path, counters: Counters):
 
     def start_with(storage: dict | None = None, memory: dict | None = None, tenants: dict[str, str] | None = None,
                    compaction: dict | None = None, clearing: dict | None = None, render: dict | None = None,
-                   metrics: bool = False, **context: object) -> RunningServer:
+                   metrics: bool = False, clock: Callable[[], float] = time.time,
+                   **context: object) -> RunningServer:
         settings = settings_for(tmp_path / f"server{len(started)}", storage, memory, tenants, compaction, clearing,
                                 render, **context)
         storage_settings = settings.storage
         shared = SharedStore(storage_settings.shared, storage_settings.shared_pool_size,
                              storage_settings.shared_timeout) if storage_settings.shared else None
         store = Store(storage_settings.path, storage_settings.map_size, storage_settings.max_map_size, shared=shared)
-        services = Services.build(settings, store, counters)
+        services = Services.build(settings, store, counters, clock)
         measured = Metrics(store.map_usage, storage_settings.max_map_size) if metrics else None
         server, port, health_servicer = build_server(settings, services, metrics=measured)
         server_module.start(server, health_servicer)

@@ -338,19 +338,21 @@ def _as_provider_counts(form: str, plan: Layout, tokens: list[int], upto: int) -
 
 
 def cache_state(form: str, plan: Layout, window: TranscriptWindow, history: Sequence[HistoryItem],
-                changed: tuple[str, ...], previous: dict | None, count: Callable[[str], int] = uncounted) -> dict:
+                changed: tuple[str, ...], previous: dict | None, count: Callable[[str], int] = uncounted,
+                cold: bool = False) -> dict:
     """This request's cache state, to persist with its window (what the next turn compares
     with: each part's key, Anthropic's breakpoints), and its report against ``previous`` (the
     previous assembly's state; None: there is none). The parts' tokens are not kept: the
     stable prefix's are this request's, and every re-assembly parses what is kept. ``count``
-    counts the texts a rendering adds, in the run's counter."""
+    counts the texts a rendering adds, in the run's counter; ``cold``: the provider's cache
+    expired since the previous request, so none of it is read from there."""
     parts, start, clearable = request_parts(form, plan, history, count)
     keys, tokens = (list(column) for column in zip(*parts))  # a request has its prefix part at least
     fed = window.summaries_fed
     first = window.event_ids[fed] if len(window.event_ids) > fed else ""
     altered = sum(1 for position in window.clips if history[position].role == "tool")
     at = 0
-    if previous is not None and previous["form"] == form:
+    if previous is not None and previous["form"] == form and not cold:
         before = previous["keys"]
         limit = min(len(keys), len(before))
         if keys[:limit] == before[:limit]:  # the common case, compared in C: the whole previous request
@@ -364,7 +366,8 @@ def cache_state(form: str, plan: Layout, window: TranscriptWindow, history: Sequ
         reads = [p for p in (previous["rolling"] if at and previous is not None else ()) if start <= p < at]
         room = ANTHROPIC_MAX_BREAKPOINTS - plan.anthropic.has_system_blocks - (start > 1)  # static, per-task
         rolling = anthropic_rolling(len(keys) - 1, reads, start + clearable - 1 if clearable > 0 else -1, room)
-    reason = _break_reason(form, previous, keys, at, changed, first, altered)
+    reason = "cache_expired" if cold and previous is not None else \
+        _break_reason(form, previous, keys, at, changed, first, altered)
     return {"form": form, "keys": keys, "history_from": start, "rolling": rolling, "first": first,
             "altered": altered, "report": [_as_provider_counts(form, plan, tokens, at), at, reason,
                                            _as_provider_counts(form, plan, tokens, len(tokens))]}

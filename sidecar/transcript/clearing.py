@@ -118,11 +118,13 @@ def _never(tool_name: str, call_id: str, text: str, original_tokens: int, fed_to
 
 
 def before_plan(deps: Deps, settings: ClearingSettings, writer: LogWriter, iteration: int, budget: int,
-                decide: bool = True) -> bool:
+                decide: bool = True, cold: bool = False) -> bool:
     """At an assembly of ``iteration``, before its window is chosen (``writer`` flushed): keep the
     clips of the last window fed, then clear tool results if the transcript passed the trigger
     (unless not ``decide``: a replay fork clears where its source did, ``clear_as_recorded``).
-    True when the log changed (the caller flushes the writer)."""
+    ``cold``: the provider's cache is, at this first assembly of the iteration: the trigger is
+    then the run's trim_to_fraction if lower, and any step is big enough (nothing cached is
+    lost). True when the log changed (the caller flushes the writer)."""
     run = writer.run
     if run.settings.token_counter == "host-defined":
         return False  # host-defined text cannot be counted: a placeholder's count would be a guess
@@ -133,7 +135,7 @@ def before_plan(deps: Deps, settings: ClearingSettings, writer: LogWriter, itera
     # host appended already) is chosen from the log as it stands, and a clearing's entry must
     # not come after events of a later iteration than its own.
     if decide and settings.enabled and iteration >= max(run.last_assembled, run.last_iteration):
-        changed = _clear(deps, settings, writer, iteration, budget) or changed
+        changed = _clear(deps, settings, writer, iteration, budget, cold and iteration > run.last_assembled) or changed
     return changed
 
 
@@ -162,7 +164,8 @@ def _keep_clips(deps: Deps, writer: LogWriter, iteration: int, budget: int) -> b
     return True
 
 
-def _clear(deps: Deps, settings: ClearingSettings, writer: LogWriter, iteration: int, budget: int) -> bool:
+def _clear(deps: Deps, settings: ClearingSettings, writer: LogWriter, iteration: int, budget: int,
+           cold: bool) -> bool:
     txn, db, key, run = writer.txn, writer.db, writer.key, writer.run
     end = prefix_end(txn, db, key, run, iteration)
     top = in_force(txn, db, key, run, iteration) if run.summaries else None
@@ -179,7 +182,8 @@ def _clear(deps: Deps, settings: ClearingSettings, writer: LogWriter, iteration:
     fed = sum(weights)
     if fastcore.NOT_A_UNIT in groups:  # the sidecar's own entries weigh nothing (in C: one per summary)
         fed -= sum(compress(weights, map(fastcore.NOT_A_UNIT.__eq__, groups)))
-    trigger = settings.trigger_fraction * budget
+    trigger = (min(settings.trigger_fraction, run.settings.trim_to_fraction) if cold else settings.trigger_fraction) \
+        * budget
     if fed <= trigger:
         return False
     # Tool results answering a call before them: their group starts at the call.
@@ -222,7 +226,7 @@ def _clear(deps: Deps, settings: ClearingSettings, writer: LogWriter, iteration:
     # A smaller step only instead of a move of the window's start, which would break the cache at
     # its first entry, before any result (a summarising run moves its start by summaries).
     averts_a_move = not run.settings.summarization and fed - freed <= budget < fed
-    if not changes or (freed < step and not averts_a_move):
+    if not changes or (freed < step and not averts_a_move and not cold):
         return False
     _record(writer, CLEARED_TYPE, "cleared", iteration, changes)
     return True

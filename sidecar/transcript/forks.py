@@ -27,11 +27,12 @@ from dataclasses import dataclass
 from sidecar.context_window import schema as run_context_schema
 from sidecar.errors import Conflict, NotFound, SummaryUnavailable, ValidationError
 from sidecar.storage.codec import StoredEvent, decode_event
-from sidecar.storage.keys import Txn, sweep
+from sidecar.storage.keys import Txn, records_under, sweep
 from sidecar.transcript import clearing
 from sidecar.transcript.log import LogWriter, NewEvent, host_event_ids, log_entries_before
 from sidecar.transcript.runs import SIDECAR_ID_PREFIX, Deps, ForkOrigin, Run, load_run, require_run, save_run
 from sidecar.transcript.schema import (
+    WindowRecord,
     copy_compaction_records,
     copy_log,
     copy_under,
@@ -115,6 +116,11 @@ def fork_run(deps: Deps, txn: Txn, source_key: bytes, source_run_id: str, fork_k
         return limit is None or int.from_bytes(suffix, "big") < limit
 
     copied = copy_under(txn, db["windows"], source_key, fork_key, carried_iteration)
+    # A replay is fed the source's windows: where the source found the provider's cache cold
+    # (a pause longer than its TTL), the fork takes the same steps, however long its host pauses.
+    source_cold = tuple(int.from_bytes(suffix, "big") for suffix, value in records_under(txn, db["windows"], source_key)
+                        if mode == "replay" and not carried_iteration(suffix, value) and b'"cold"' in value
+                        and (WindowRecord.parse(value).context or {}).get("cold"))
     # What the run feeds besides its log (its run context area's records): the fork starts from
     # the source's profile, task and data as they stand, and the usage of the iterations it carries.
     run_context_schema.copy_to_fork(txn, db, source_key, fork_key, carried_iteration)
@@ -123,7 +129,8 @@ def fork_run(deps: Deps, txn: Txn, source_key: bytes, source_run_id: str, fork_k
     last_iteration = read_event(txn, db, source_key, from_seq - 1).iteration if from_seq else 0
     fork = Run(source.settings, from_seq, last_iteration, last_assembled, len(carried), len(pending), origin,
                log_entries=log_entries_before(txn, db, source_key, source, from_seq),
-               profile_digest=source.profile_digest, task_digest=source.task_digest, fed_prefix=source.fed_prefix)
+               profile_digest=source.profile_digest, task_digest=source.task_digest, fed_prefix=source.fed_prefix,
+               source_cold=source_cold, source_assembled=source.last_assembled if mode == "replay" else 0)
     save_run(txn, db, fork_key, fork)
     return fork, True
 

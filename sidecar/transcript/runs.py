@@ -72,6 +72,13 @@ class Run:
     # Random, made when the run is: a run deleted and made again under its id is another
     # incarnation, so what a process caches of a run's events (keyed by it) is never stale.
     incarnation: str = field(default_factory=lambda: secrets.token_hex(8))
+    # When the newest iteration was first assembled (ms since the epoch; 0: never): the pause
+    # before the next one says whether the provider's cache is still warm.
+    last_turn_ms: int = 0
+    # A replay fork's: the iterations its source assembled (up to source_assembled) whose cache
+    # it found cold. The fork takes the same steps there, whatever its own clock says.
+    source_cold: tuple[int, ...] = ()
+    source_assembled: int = 0
 
     def record(self) -> bytes:
         value: dict[str, Any] = {
@@ -87,6 +94,10 @@ class Run:
         if self.fed_prefix is not None:
             value["fed_prefix"] = self.fed_prefix
         value["incarnation"] = self.incarnation
+        if self.last_turn_ms:
+            value["last_turn_ms"] = self.last_turn_ms
+        if self.source_assembled:
+            value["source_cold"], value["source_assembled"] = list(self.source_cold), self.source_assembled
         return dump_plain_json(value)
 
     @classmethod
@@ -97,7 +108,8 @@ class Run:
                    value.get("last_assembled", 0), value.get("summaries", 0), value.get("replay_pending", 0),
                    ForkOrigin(**origin) if origin else None, value.get("log_entries", 0),
                    value.get("profile_digest", ""), value.get("task_digest", ""), value.get("fed_prefix"),
-                   value.get("incarnation", ""))
+                   value.get("incarnation", ""), value.get("last_turn_ms", 0), tuple(value.get("source_cold", ())),
+                   value.get("source_assembled", 0))
 
 
 def _fields(value: Any) -> dict[str, Any]:

@@ -9,6 +9,7 @@ records in ``schema``.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, overload
@@ -93,7 +94,8 @@ class AgentStateView:
 class Transcripts:
     def __init__(self, store: Store, counters: Counters, defaults: ContextSettings,
                  redactor: Redactor | None = None, contexts: RunContexts | None = None,
-                 clearing_settings: ClearingSettings | None = None, render: RenderSettings | None = None) -> None:
+                 clearing_settings: ClearingSettings | None = None, render: RenderSettings | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
         self._store = store
         self._render = render or RenderSettings()
         self._clearing = clearing_settings or ClearingSettings()
@@ -108,7 +110,7 @@ class Transcripts:
         # events in before it takes the write lock (a run's counter is set when it is opened).
         self._run_counters: BoundedCache[bytes, str] = BoundedCache(max_bytes=RUN_COUNTERS)
         self._turns = TurnServices(store, self._deps, self.contexts, self._clearing, self._render, HistoryCache(),
-                                   ReadBack(), self._reassemblies)
+                                   ReadBack(), self._reassemblies, clock)
 
     def _sanitised(self, tenant: str, run_id: str, events: list[NewEvent], field: str) -> list[NewEvent]:
         """Before an event is counted or stored: SR-1 (its content is redacted; a tool call's

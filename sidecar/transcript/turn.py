@@ -106,6 +106,7 @@ class TurnServices:
     history: HistoryCache
     reads: ReadBack  # the entries each run's window was last read back with
     reassemblies: Reassemblies[AssembledContext] | None  # None: [context] reassembly_cache = 0
+    clock: Callable[[], float]  # seconds since the epoch (time.time; a test's own)
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,8 +160,8 @@ class Turn:
             record = WindowRecord.parse(stored)
             if record.budget != budget:
                 settled = False
-            if not settled and not _unchanged(plan(self._deps, txn, self.key, run, self.iteration, tighter)[0],
-                                              record, run):
+            if not settled and not _unchanged(plan(self._deps, txn, self.key, run, self.iteration, tighter,
+                                                   _fed_cold(record))[0], record, run):
                 return None
             answer = self._answer(self._as_fed(txn, run, layout, record))
         cache = record.cache
@@ -203,17 +204,37 @@ class Turn:
         writer.flush()
         layout = self._services.contexts.layout(txn, self.key, run, self.run_id)
         limit = _tighter(self.max_transcript_tokens, layout)
-        refed, replayed = self._refeed(writer, limit, replayed)
-        chosen, top = plan(self._deps, txn, self.key, run, self.iteration, limit)
+        cold = self._cold(txn, run)
+        refed, replayed = self._refeed(writer, limit, replayed, cold)
+        chosen, top = plan(self._deps, txn, self.key, run, self.iteration, limit, cold)
         record = window_at(txn, self._db, self.key, self.iteration)
         if record is not None and not refed and _unchanged(chosen, record, run):
             return self._as_fed(txn, run, layout, record), appended
         due = None
         if run.settings.summarization:
-            chosen, top, due = self._decide_compaction(writer, layout, chosen, top, limit, replayed)
-        return self._persist(txn, run, layout, chosen, top, due), appended
+            chosen, top, due = self._decide_compaction(writer, layout, chosen, top, limit, replayed, cold)
+        return self._persist(txn, run, layout, chosen, top, due, cold), appended
 
-    def _refeed(self, writer: LogWriter, limit: int, replayed: bool) -> tuple[bool, bool]:
+    def _cold(self, txn: Txn, run: Run) -> bool:
+        """Whether the provider's cache is cold for this turn's request: more than the form's
+        ``[render]`` TTL passed since the run's previous turn, so the request re-bills its whole
+        prefix whatever it holds, and every big step the budget would soon force is taken now.
+        Decided once, at the iteration's first assembly, and kept with its window; a replay fork
+        takes its source's decision at each iteration its source assembled (its own clock would
+        feed other windows). The plain form names no provider: never."""
+        if self.iteration <= run.last_assembled:
+            return _fed_cold(window_at(txn, self._db, self.key, self.iteration))
+        if self.iteration <= run.source_assembled:
+            return self.iteration in run.source_cold
+        render = self._services.render
+        ttl = {"anthropic_messages": render.anthropic_cache_ttl_seconds,
+               "openai_responses": render.openai_cache_ttl_seconds}.get(self.render, 0)
+        return bool(ttl and run.last_turn_ms) and self._now_ms() - run.last_turn_ms > ttl * 1000
+
+    def _now_ms(self) -> int:
+        return int(self._services.clock() * 1000)
+
+    def _refeed(self, writer: LogWriter, limit: int, replayed: bool, cold: bool) -> tuple[bool, bool]:
         """Tool results cleared (and earlier clips kept) before the window is chosen, so the
         choice weighs what is fed; a replay fork then reaches the source's summaries after them.
         Whether the log changed, and whether a source's summary was recorded again."""
@@ -223,7 +244,8 @@ class Turn:
         # after it could not be reused.
         log_end = run.next_seq
         refed = clearing.before_plan(self._deps, self._services.clearing, writer, self.iteration,
-                                     effective_budget(self._deps, run, limit), decide=forks.decides_clearings(writer))
+                                     effective_budget(self._deps, run, limit), decide=forks.decides_clearings(writer),
+                                     cold=cold)
         if run.replay_pending:
             forks.after_own_entries(writer, log_end)
             log_end = run.next_seq
@@ -234,11 +256,11 @@ class Turn:
         return refed, replayed
 
     def _decide_compaction(self, writer: LogWriter, layout: Layout, chosen: Plan, top: Summary | None, limit: int,
-                           replayed: bool) -> tuple[Plan, Summary | None, Compaction]:
+                           replayed: bool, cold: bool) -> tuple[Plan, Summary | None, Compaction]:
         """The compaction signal; when the sidecar summarises itself, its summary recorded and the
         window chosen again over it (the plan, the summary in force and the signal then)."""
         txn, run = writer.txn, writer.run
-        due, choice = self._compaction(txn, run, chosen, top, layout)
+        due, choice = self._compaction(txn, run, chosen, top, layout, cold=cold)
         text, by = self._own_summary(txn, run, replayed, due, choice, chosen)
         if not text:
             return chosen, top, due
@@ -250,12 +272,12 @@ class Turn:
             raise PluginFailed(f"plugin {self._services.contexts.policy.name!r}: compaction.summarise gave a "
                                f"summary RecordSummary refuses: {error.message}") from None
         writer.flush()
-        chosen, top = plan(self._deps, txn, self.key, run, self.iteration, limit)
+        chosen, top = plan(self._deps, txn, self.key, run, self.iteration, limit, cold)
         due, _ = self._compaction(txn, run, chosen, top, layout, summarise=False)
         return chosen, top, due
 
     def _persist(self, txn: Txn, run: Run, layout: Layout, chosen: Plan, top: Summary | None,
-                 due: Compaction | None) -> Fed:
+                 due: Compaction | None, cold: bool) -> Fed:
         """Persist the window chosen, with the sections' accounting and the request's cache state."""
         changed = sections.prefix_changed(layout, run.fed_prefix)
         fed_before = run.fed_prefix
@@ -263,6 +285,8 @@ class Turn:
         context = {"digests": [run.profile_digest, run.task_digest], "prefix": layout.prefix_sha256,
                    "changed": list(changed), "fixed_tokens": layout.fixed_tokens, "limit": layout.turn_limit,
                    "task_id": layout.task_id}
+        if cold:
+            context["cold"] = True  # the decision, kept: re-assembled and forked, the window is the same
         record = window_record(self._deps, txn, self.key, run, chosen, top, due, context)
         window = from_record(self._deps, txn, self.key, self.run_id, self.iteration, record,
                              reads=(self._services.reads, run.incarnation))
@@ -275,6 +299,7 @@ class Turn:
         newest = self.iteration > run.last_assembled
         if newest:
             run.last_assembled = self.iteration
+            run.last_turn_ms = self._now_ms()
         if newest or run.fed_prefix != fed_before:
             save_run(txn, self._db, self.key, run)
         return Fed(layout, window, history, cache, stored)
@@ -299,10 +324,11 @@ class Turn:
         (the window persisted for the newest earlier iteration; none: a first turn)."""
         previous = previous_window(txn, self._db, self.key, self.iteration)
         counter = window.token_counter
-        return sections.cache_state(self.render, layout, window, history,
-                                    tuple((window.context or {}).get("changed", ())),
+        context = window.context or {}
+        return sections.cache_state(self.render, layout, window, history, tuple(context.get("changed", ())),
                                     previous.cache if previous else None,
-                                    self._deps.counters.get(counter).count if counter != "host-defined" else uncounted)
+                                    self._deps.counters.get(counter).count if counter != "host-defined" else uncounted,
+                                    bool(context.get("cold")))
 
     def _cache_of(self, txn: Txn, layout: Layout, window: TranscriptWindow,
                   history: tuple[HistoryItem, ...]) -> dict:
@@ -316,13 +342,18 @@ class Turn:
     # -- compaction ---------------------------------------------------------------------------
 
     def _compaction(self, txn: Txn, run: Run, chosen: Plan, top: Summary | None, layout: Layout,
-                    summarise: bool = True) -> tuple[Compaction, SummariseResult | None]:
-        """The policy's decision: whether compaction is due (trigger), and what to summarise."""
+                    summarise: bool = True, cold: bool = False) -> tuple[Compaction, SummariseResult | None]:
+        """The policy's decision: whether compaction is due (trigger), and what to summarise.
+        ``cold``: the provider's cache is; a summary the sidecar records itself at this assembly
+        is fed in this request, so its trigger is then the run's trim_to_fraction if lower (a
+        host's summary comes in the next request, whose cache is warm again: no earlier ask)."""
         policy = self._services.contexts.policy
         found = candidates(self._deps, txn, self.key, run, self.iteration, chosen.budget, top, chosen.end)
         if HISTORY in layout.kept:  # the policy keeps the history whole: nothing to summarise
             return Compaction(False), None
         fraction = self._deps.defaults.compaction_fraction
+        if cold and self._deps.defaults.summariser == "extractive" and not run.replay_pending:
+            fraction = min(fraction, run.settings.trim_to_fraction)
         due = policy.trigger(TriggerInput(
             self.iteration, layout.task_id, chosen.tokens + layout.fixed_tokens, layout.turn_limit,
             found.unsummarised, chosen.budget, fraction, found.since_summary if top else None))
@@ -387,6 +418,11 @@ class Turn:
         metrics.turn_fed(window.token_count, window.token_budget, assembled.window_tokens, cache.stable_prefix_tokens,
                          cache.request_tokens or assembled.window_tokens, cache.break_reason)
         return assembled
+
+
+def _fed_cold(record: WindowRecord | None) -> bool:
+    """Whether a persisted window was chosen with the provider's cache cold."""
+    return bool(record is not None and record.context and record.context.get("cold"))
 
 
 def _nothing_to_summarise(found: Candidates, run: Run, budget: int, fraction: float) -> str:

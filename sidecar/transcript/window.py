@@ -9,6 +9,7 @@ for every event below their floor. What was fed is persisted per iteration, so t
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import fastcore
@@ -22,7 +23,7 @@ from sidecar.text.counting import TokenCounter
 from sidecar.text.fencing import split_block
 from sidecar.transcript.bounded import BoundedCache
 from sidecar.transcript.log import log_entries_before, prefix_end
-from sidecar.transcript.runs import Deps, Run, require_run
+from sidecar.transcript.runs import Deps, Run, RunSettings, require_run
 from sidecar.transcript.schema import (
     CHUNK_EVENTS,
     Compaction,
@@ -137,15 +138,16 @@ def effective_budget(deps: Deps, run: Run, max_transcript_tokens: int | None) ->
 
 
 def plan(deps: Deps, txn: Txn, key: bytes, run: Run, iteration: int,
-         max_transcript_tokens: int | None) -> tuple[Plan, Summary | None]:
+         max_transcript_tokens: int | None, cold: bool = False) -> tuple[Plan, Summary | None]:
     """Choose the window for ``iteration``: read the tail's count chunks (doubling the history
-    read while the answer reaches further back, never below the summarised floor)."""
+    read while the answer reaches further back, never below the summarised floor). ``cold``: the
+    provider's cache is (a cache-stable window moves its start now if the budget would soon)."""
     with phase("select"):
-        return _plan(deps, txn, key, run, iteration, max_transcript_tokens)
+        return _plan(deps, txn, key, run, iteration, max_transcript_tokens, cold)
 
 
 def _plan(deps: Deps, txn: Txn, key: bytes, run: Run, iteration: int,
-          max_transcript_tokens: int | None) -> tuple[Plan, Summary | None]:
+          max_transcript_tokens: int | None, cold: bool) -> tuple[Plan, Summary | None]:
     settings = run.settings
     budget = effective_budget(deps, run, max_transcript_tokens)
     end = prefix_end(txn, deps.db, key, run, iteration)
@@ -171,6 +173,8 @@ def _plan(deps: Deps, txn: Txn, key: bytes, run: Run, iteration: int,
             chosen = fastcore.select_stable_window(records, base, iteration, budget, settings.transcript_window, floor,
                                                    prefix, previous_start, previous_prefix_in,
                                                    settings.trim_to_fraction)
+            if cold and chosen is not None:
+                chosen = _moved_while_cold(chosen, records, base, iteration, budget, settings, floor, prefix)
         else:
             chosen = fastcore.select_window(records, base, iteration, budget, settings.transcript_window, floor,
                                             prefix)
@@ -194,6 +198,25 @@ def _plan(deps: Deps, txn: Txn, key: bytes, run: Run, iteration: int,
                                                 "transcript_window": str(settings.transcript_window)})
     return Plan(settings.token_counter, budget, start, end, mandatory, cap, tokens, top.index if top else -1,
                 prefix_in), top
+
+
+def _moved_while_cold(chosen: tuple, records: bytes, base: int, iteration: int, budget: int, settings: RunSettings,
+                      floor: int, prefix: Sequence[int]) -> tuple | None:
+    """A cache-stable window on a cold turn: a start past which the window holds more than
+    trim_to_fraction of the budget (or of transcript_window) moves now, where the budget will
+    move it (the oldest start within those bounds), since this request re-bills its history
+    anyway; None when the records do not reach back far enough (the caller reads more)."""
+    start, mandatory, tokens, cap, prefix_in = chosen
+    trimmed_budget = max(1, int(settings.trim_to_fraction * budget))
+    trimmed_events = max(1, int(settings.trim_to_fraction * settings.transcript_window)) \
+        if settings.transcript_window else 0
+    if cap >= 0 or tokens <= trimmed_budget:
+        return chosen
+    moved = fastcore.select_window(records, base, iteration, trimmed_budget, trimmed_events, floor, prefix)
+    if moved is None:
+        return None
+    # The active turn alone over the tighter bounds would be clipped there: the start stays.
+    return chosen if moved[3] >= 0 or moved[0] < start else moved
 
 
 def previous_window_start(txn: Txn, db: dict, key: bytes, iteration: int) -> tuple[int, int]:

@@ -15,6 +15,7 @@ import inspect
 import logging
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from dataclasses import dataclass
@@ -87,7 +88,10 @@ class Services:
         return cls.build(settings, store, counters)
 
     @classmethod
-    def build(cls, settings: Settings, store: Store, counters: Counters) -> Services:
+    def build(cls, settings: Settings, store: Store, counters: Counters,
+              clock: Callable[[], float] = time.time) -> Services:
+        """The domain over ``store``; ``clock`` tells the turns the time (a test's own, to pause
+        for minutes without waiting)."""
         redactor = Redactor(settings.redaction.detectors)
         memories = Memories(store, counters, settings.memory, redactor)
         events = TenantEventLog(store)
@@ -101,7 +105,7 @@ class Services:
             raise ConfigError(str(error)) from None
         run_contexts = RunContexts(store, counters, settings.context, redactor, policy, schemas)
         transcripts = Transcripts(store, counters, settings.context, redactor, run_contexts,
-                                  settings.context_clearing, settings.render)
+                                  settings.context_clearing, settings.render, clock)
         return cls(store, counters, transcripts, memories, redactor, events, memory_compactor)
 
     def close(self) -> None:

@@ -35,7 +35,8 @@ SECRET_ID, SECRET_VALUE = "vault-password-id", "correct-horse-battery-staple"
 METHODS = set(pb.DESCRIPTOR.services_by_name["ContextSidecar"].methods_by_name)
 KINDS = {kind for kind, _ in DETECTORS} | {"bearer_token", "byok", "registered"}
 REASONS = {"first_turn", "render_changed", "profile", "task_changed", "skill_loaded", "skill_unloaded",
-           "summary_recorded", "summary_slid_out", "window_start_moved", "tool_results_cleared", "history_changed"}
+           "summary_recorded", "summary_slid_out", "window_start_moved", "tool_results_cleared", "cache_expired",
+           "history_changed"}
 LABEL_VALUES = {"method": METHODS, "code": {code.name for code in grpc.StatusCode}, "kind": KINDS,
                 "reason": REASONS, "by": {"host", "built-in", "plugin", "replay"},
                 "trigger": {"client-requested", "host-managed"}, "job": {"memory_compaction"}}

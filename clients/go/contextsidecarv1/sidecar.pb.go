@@ -1299,7 +1299,10 @@ type CacheReport struct {
 	// "summary_slid_out" (no summary entered there, but a summary fed before is left out: the
 	// window's start moved past it); "window_start_moved" (the window's first verbatim event
 	// changed); "tool_results_cleared"
-	// (a tool result is fed as its cleared placeholder from now on); "history_changed" (anything
+	// (a tool result is fed as its cleared placeholder from now on); "cache_expired" (the run's
+	// previous turn came longer ago than the provider's cache keeps an entry, [render]
+	// *_cache_ttl_seconds: nothing is read from it, and the turn took the big steps the budget
+	// would soon force; stable_prefix_tokens and break_at are 0); "history_changed" (anything
 	// else, e.g. a call's placeholder result replaced by the real one).
 	BreakReason string `protobuf:"bytes,3,opt,name=break_reason,json=breakReason,proto3" json:"break_reason,omitempty"`
 	// The whole request's tokens, counted as stable_prefix_tokens are: the share a provider can bill
