@@ -32,8 +32,14 @@ modelled here, the one place the report is read, to check it. Then the issue's a
 measured here, and a PNG plot of the billed input per turn (needs matplotlib: ``pip install -e
 '.[bench]'``).
 
-    python -m benchmarks.cache_economics [--turns 1000] [--budgets 8000,32000] [--shapes chat,tools]
+With ``--idle-every N`` the host pauses before every Nth turn for longer than the providers keep
+a cache entry (the models' entries expire), and each cache-stable policy is also played
+``+cold``: its sidecar told the caches last 1 s, it takes the pending big steps on the turn after
+a pause (docs/transcript.md, "When the cache is cold").
+
+    python -m benchmarks.cache_economics [--turns 1000] [--budgets 8000,32000] [--shapes chat,tools,mixed]
         [--modes off,host,builtin] [--trim-fractions 0.6] [--clearing on] [--plot PATH] [--no-sync]
+        [--idle-every 0] [--idle-seconds 1.5]
 """
 
 from __future__ import annotations
@@ -72,6 +78,7 @@ SMALL_RESULT_TOKENS, LARGE_RESULT_TOKENS = (5, 39), (5000, 8000)  # the "mixed" 
 ID_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
 CLEARED_PLACEHOLDER = "[tool result cleared to save context: "  # how a cleared result is fed
 DEFAULT_TRIM_FRACTION = 0.6  # [context] trim_to_fraction's default: the aims are the defaults'
+COLD_TTL_SECONDS = 1  # the +cold policies' [render] *_cache_ttl_seconds: a turn's gap is far shorter, a pause longer
 # Summaries per 100 turns at an 800-token budget on main before issue 10 (max_fill, the nagging
 # signal), measured with: python -m benchmarks.cache_economics --turns 300 --budgets 800
 # --modes host,builtin --trim-fractions 0.6 (shape -> mode -> figure).
@@ -229,6 +236,11 @@ class Player:
             except grpc.RpcError as error:
                 tally.refused_summaries.append(f"turn {iteration}: {error.code().name}: {error.details()}")
 
+    def expire(self) -> None:
+        """The run paused longer than the providers keep a cache entry."""
+        self.anthropic.expire()
+        self.openai.expire()
+
     def count_log_entries(self) -> None:
         """Summaries and clearings, from the run's own log: one context.summarized or context.cleared each."""
         from_seq = 0
@@ -244,16 +256,23 @@ class Player:
 
 # Policies and the settings the sidecar knows ------------------------------------------------------
 
-def policies(trim_fractions: Sequence[float], clearing: Sequence[str]) -> list[Policy]:
+def policies(trim_fractions: Sequence[float], clearing: Sequence[str], cold_ttl: int = 0) -> list[Policy]:
+    """The policies to play; with ``cold_ttl`` (seconds), each cache-stable one also as "+cold": its
+    sidecar told the providers' caches last that long, so a pause past it is a cold turn."""
     window_policy, trim, clear = ("context", "window_policy"), ("context", "trim_to_fraction"), \
         ("context.clearing", "enabled")
+    ttls = (("render", "anthropic_cache_ttl_seconds"), ("render", "openai_cache_ttl_seconds"))
     chosen = [Policy("max_fill", {window_policy: "max_fill", clear: "false"}, frozenset())]
     for fraction in trim_fractions:
         for state in clearing:
             label = f"cache_stable {fraction:g}" + (" +clearing" if state == "on" else "")
-            chosen.append(Policy(label, {window_policy: "cache_stable", trim: f"{fraction:g}",
-                                         clear: "true" if state == "on" else "false"},
-                                 frozenset({window_policy, trim} | ({clear} if state == "on" else set()))))
+            settings = {window_policy: "cache_stable", trim: f"{fraction:g}",
+                        clear: "true" if state == "on" else "false"}
+            required = frozenset({window_policy, trim} | ({clear} if state == "on" else set()))
+            chosen.append(Policy(label, settings, required))
+            if cold_ttl:
+                chosen.append(Policy(label + " +cold", {**settings, **{ttl: str(cold_ttl) for ttl in ttls}},
+                                     required | frozenset(ttls)))
     return chosen
 
 
@@ -429,7 +448,10 @@ def measure(args: argparse.Namespace) -> list[Tally]:
             raise SystemExit(f"--{name}: expected some of {', '.join(allowed)}, got {','.join(values)}")
     fractions = [float(f) for f in args.trim_fractions.split(",")]
     chosen = []
-    for policy in policies(fractions, ["on", "off"] if args.clearing == "both" else [args.clearing]):
+    if args.idle_every and args.idle_seconds <= COLD_TTL_SECONDS:
+        raise SystemExit(f"--idle-seconds must pass the +cold sidecars' TTL of {COLD_TTL_SECONDS} s")
+    cold_ttl = COLD_TTL_SECONDS if args.idle_every else 0
+    for policy in policies(fractions, ["on", "off"] if args.clearing == "both" else [args.clearing], cold_ttl):
         unknown = unknown_settings(policy.settings)
         missing = unknown & policy.required
         names = ", ".join(sorted(env_name(*setting) for setting in unknown))
@@ -465,6 +487,11 @@ def measure(args: argparse.Namespace) -> list[Tally]:
                         players = [Player(stub, Tally(label, shape, budget, mode), tokens, run_profile, task)
                                    for label, stub in stubs.items()]
                         for iteration, events in enumerate(turns, start=1):
+                            if args.idle_every and iteration > 1 and iteration % args.idle_every == 0:
+                                # The host pauses for longer than the providers keep a cache entry.
+                                time.sleep(args.idle_seconds)
+                                for player in players:
+                                    player.expire()
                             offset = iteration % len(players)
                             for player in players[offset:] + players[:offset]:
                                 player.play(iteration, events)
@@ -491,6 +518,12 @@ def main() -> None:
                         help="[context.clearing] enabled under cache_stable (max_fill always runs without)")
     parser.add_argument("--plot", type=Path, default=Path(tempfile.gettempdir()) / "cache_economics.png")
     parser.add_argument("--no-sync", action="store_true", help="run the sidecars with --no-sync")
+    parser.add_argument("--idle-every", type=int, default=0,
+                        help="pause before every Nth turn for longer than the providers keep a cache entry (the "
+                             "cache models expire); each cache-stable policy is also played +cold, its sidecar told "
+                             "the caches last 1 s, so it takes the pending steps then. 0: no pauses")
+    parser.add_argument("--idle-seconds", type=float, default=1.5,
+                        help="how long a pause of --idle-every lasts (it stands for one past the providers' TTL)")
     args = parser.parse_args()
     started = time.perf_counter()
     tallies = measure(args)

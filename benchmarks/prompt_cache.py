@@ -12,8 +12,9 @@ modelled from those blocks alone:
   provider's lookback), and that an earlier request wrote; that is billed at 0.1. The tokens
   after it up to the last breakpoint are written at 1.25 (a prefix shorter than 1,024 tokens is
   not cached, so not written); the tokens after the last breakpoint are billed at 1. Every
-  breakpoint's prefix is then in the cache. Entries do not expire (a run's turns are assumed to
-  come within the 5-minute lifetime, which each read refreshes).
+  breakpoint's prefix is then in the cache. Entries expire only when the caller says a pause
+  passed the provider's lifetime (``expire``): otherwise a run's turns are assumed to come within
+  it (5 minutes), which each read refreshes.
 
 A cache marker is not part of a block's identity: moving a breakpoint does not change the bytes
 the provider hashes.
@@ -180,12 +181,18 @@ class OpenAICache:
 
     def __init__(self) -> None:
         self._previous: list[Block] = []
+        self._expired = False
+
+    def expire(self) -> None:
+        """A pause longer than the cache keeps a prefix: the next request reads none."""
+        self._expired = True
 
     def bill(self, blocks: list[Block]) -> Bill:
         sent = sent_tokens(blocks)
         prefix = common_prefix_tokens(self._previous, blocks)
-        cached = 0 if prefix < OPENAI_MIN_CACHED else prefix - (prefix - OPENAI_MIN_CACHED) % OPENAI_STEP
-        self._previous = blocks
+        cached = 0 if prefix < OPENAI_MIN_CACHED or self._expired else \
+            prefix - (prefix - OPENAI_MIN_CACHED) % OPENAI_STEP
+        self._previous, self._expired = blocks, False
         return Bill(sent, cached, 0, prefix, CACHED_READ * cached + BASE * (sent - cached))
 
 
@@ -195,6 +202,10 @@ class AnthropicCache:
     def __init__(self) -> None:
         self._written: set[int] = set()  # the identities of the prefixes written so far
         self._previous: list[Block] = []
+
+    def expire(self) -> None:
+        """A pause longer than the cache keeps an entry: every prefix written is gone."""
+        self._written.clear()
 
     def bill(self, blocks: list[Block]) -> Bill:
         ends, prefixes = [], []

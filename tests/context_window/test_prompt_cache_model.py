@@ -87,3 +87,22 @@ def test_openai_caches_the_shared_prefix_from_1024_tokens_in_128_token_steps() -
     again = short.bill(openai_blocks(json.dumps({"input": [{"type": "message", "role": "user", "content": A}]}),
                                      tokens))
     assert again.identical_prefix == again.sent and again.cached == 0  # under 1,024 tokens: never cached
+
+
+def test_after_a_pause_past_the_cache_lifetime_nothing_is_read_once() -> None:
+    tokens = TokenCache(ENCODING)
+    body = anthropic([("user", A, False), ("assistant", B, True)])
+    anthropic_cache = AnthropicCache()
+    anthropic_cache.bill(anthropic_blocks(body, tokens))
+    assert anthropic_cache.bill(anthropic_blocks(body, tokens)).cached > 0
+    anthropic_cache.expire()
+    cold = anthropic_cache.bill(anthropic_blocks(body, tokens))
+    assert (cold.cached, cold.written) == (0, cold.sent)
+    assert anthropic_cache.bill(anthropic_blocks(body, tokens)).cached == cold.sent, "written again, read again"
+
+    openai_body = json.dumps({"instructions": SYSTEM, "input": [{"type": "message", "role": "user", "content": A}]})
+    openai_cache = OpenAICache()
+    openai_cache.bill(openai_blocks(openai_body, tokens))
+    openai_cache.expire()
+    assert openai_cache.bill(openai_blocks(openai_body, tokens)).cached == 0
+    assert openai_cache.bill(openai_blocks(openai_body, tokens)).cached > 0
