@@ -357,14 +357,18 @@ def layout_map_violations(root: Path) -> list[str]:
                if name.startswith(("sidecar/", "fastcore/"))])
 
 
-# e. The tests: folders that mirror the code, sharing tests/helpers.py and nothing else.
+# e. The tests: folders that mirror the code, sharing tests/helpers.py and nothing else. Two
+# folders stand apart: plugin/ (a package the plugin tests install) and specification/ (the
+# executable specification, which spans every area: its model, its sidecars and its state
+# machine are modules of its own, shared within it alone).
+STANDING_APART = ("plugin", "specification")
 
 def mirroring_violations(root: Path) -> list[str]:
     violations = []
     tests = root / "tests"
     for folder in sorted(path for path in tests.rglob("*") if path.is_dir()):
         relative = folder.relative_to(tests)
-        if relative.parts[0] == "plugin" or any(part == "__pycache__" or part.startswith(".")
+        if relative.parts[0] in STANDING_APART or any(part == "__pycache__" or part.startswith(".")
                                                 for part in relative.parts):
             continue
         mirrored = root / relative if relative.parts[0] == "fastcore" else root / "sidecar" / relative
@@ -377,12 +381,15 @@ def mirroring_violations(root: Path) -> list[str]:
 
 def shared_helpers_violations(root: Path) -> list[str]:
     """A test module imports, of the tests, only tests.helpers (fixtures come from conftest.py
-    through pytest, never by import)."""
+    through pytest, never by import); a module of tests/specification also its own folder's."""
+    def shared_with(relative: Path) -> tuple[str, ...]:
+        return ("tests.helpers", "tests.specification") if relative.parts[1] == "specification" else ("tests.helpers",)
     return [f"{relative}: imports {name}; tests share only tests.helpers"
             for relative in sorted(path.relative_to(root) for path in (root / "tests").rglob("*.py")
                                    if "plugin" not in path.relative_to(root).parts)
             for name in outermost({name for name in imported(root, relative) if within(name, "tests")
-                                   and name != "tests" and not within(name, "tests.helpers")})]
+                                   and name != "tests"
+                                   and not any(within(name, shared) for shared in shared_with(relative))})]
 
 
 # The real tree keeps every rule.
