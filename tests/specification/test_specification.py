@@ -1,0 +1,86 @@
+"""The executable specification: random workloads over every combination of the window's
+settings, against three real sidecars at once, checked on every step (docs/specification.md).
+
+CI runs a bounded, derandomised number of examples (the same ones every run). The long command
+runs fresh random examples until a time budget is spent, and prints how many examples and steps
+it tried::
+
+    SIDECAR_SPEC_SECONDS=3600 .venv/bin/python -m pytest tests/specification -q -s
+
+Other knobs: ``SIDECAR_SPEC_EXAMPLES`` (examples per batch, default 20 in CI, 50 in the long
+command), ``SIDECAR_SPEC_STEPS`` (steps per example, default 25), ``SIDECAR_SPEC_CHECK_KNOWN=1``
+(also check the properties that a colleague's open item breaks today, machine.KNOWN_OPEN).
+A failure prints the shrunk sequence of steps that reproduces it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from sidecar.text.counting import Counters
+from tests.helpers import Postgres
+from tests.specification.machine import SpecificationMachine
+
+SECONDS = float(os.environ.get("SIDECAR_SPEC_SECONDS", "0"))  # 0: the bounded CI run
+LONG = SECONDS > 0
+EXAMPLES = int(os.environ.get("SIDECAR_SPEC_EXAMPLES", "50" if LONG else "20"))
+STEPS = int(os.environ.get("SIDECAR_SPEC_STEPS", "25"))
+
+
+def hypothesis_settings(examples: int) -> settings:
+    return settings(max_examples=examples, stateful_step_count=STEPS, deadline=None,
+                    derandomize=not LONG,  # CI: the same examples every run, so it never flakes
+                    database=None, report_multiple_bugs=False,
+                    suppress_health_check=list(HealthCheck))
+
+
+@pytest.fixture(scope="module")
+def counters() -> Counters:
+    return Counters()
+
+
+def run_for(machine: type[SpecificationMachine], examples: int) -> None:
+    """One bounded run; or, for the long command, batches until the time budget is spent, each
+    failure (shrunk) printed as it is found and the run going on, failing at the end if any did."""
+    started = time.monotonic()
+    batches, failures = 0, []
+    while True:
+        try:
+            run_state_machine_as_test(machine, settings=hypothesis_settings(examples))
+        except Exception as failure:  # noqa: BLE001 - the long command reports every failure it finds
+            if not LONG:
+                raise
+            failures.append(failure)
+            print(f"\n--- failure {len(failures)} after {time.monotonic() - started:.0f} s:\n{failure}\n"
+                  f"{getattr(failure, '__notes__', '')}", flush=True)
+        batches += 1
+        if not LONG or time.monotonic() - started > SECONDS:
+            break
+    print(f"\nspecification ({machine.__name__}): {batches} batch(es) of {examples} examples, "
+          f"{machine.steps} steps, {len(failures)} failure(s), {time.monotonic() - started:.0f} s")
+    assert not failures, f"{len(failures)} failing sequence(s), printed above"
+
+
+def test_lmdb_alone(counters: Counters) -> None:
+    machine = type("LmdbAlone", (SpecificationMachine,), {"counters": counters, "shared_urls": None, "steps": 0})
+    run_for(machine, EXAMPLES)
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[Postgres]:
+    server = Postgres()
+    yield server
+    server.close()
+
+
+def test_shared_store(counters: Counters, postgres: Postgres) -> None:
+    """The same, each sidecar on a PostgreSQL database of its own ([storage] shared)."""
+    urls = lambda: (postgres.database(), postgres.database(), postgres.database())  # noqa: E731
+    machine = type("SharedStore", (SpecificationMachine,), {"counters": counters, "shared_urls": urls, "steps": 0})
+    run_for(machine, max(2, EXAMPLES // 4))
