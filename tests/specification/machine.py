@@ -38,11 +38,9 @@ RESULT_WORDS = {"tiny": (1, 6), "small": (10, 60), "medium": (80, 400), "huge": 
 # SIDECAR_SPEC_CHECK_KNOWN=1 (the long command can turn them on). Each names its item.
 KNOWN_OPEN = {
     "summary_fed": "issue 23 item 6: summaries asked for and never fed (compaction.due is being changed)",
-    "anthropic_clipped": "issue 23 item 4: anthropic_messages answers INTERNAL when a tool call's arguments were "
-                         "clipped (and writes the turn): turns are rendered for Anthropic only when checking these",
 }
 CHECK_KNOWN = os.environ.get("SIDECAR_SPEC_CHECK_KNOWN") == "1"
-RENDERS = ["", "", "openai_responses"] + (["anthropic_messages"] if CHECK_KNOWN else [])
+RENDERS = ["", "", "openai_responses", "anthropic_messages"]
 
 
 class Refused(Exception):
