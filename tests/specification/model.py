@@ -229,7 +229,10 @@ class RunModel:
     def marked_minimum(self, event: Event) -> int:
         """The smallest clipped form of an event: the marker of all its units elided, between a
         fenced block's own lines (a clipped untrusted block keeps its opening line, preamble and
-        closing line)."""
+        closing line), or inside a tool call's JSON object."""
+        if event.tool_name:  # a clipped tool call stays one JSON object (docs/transcript.md)
+            elided = marker(count(self.counter, event.content), self.counter)
+            return count(self.counter, json.dumps({"clipped_arguments": elided}))
         opening, inner, closing = fence_lines(event.content)
         return count(self.counter, opening + marker(count(self.counter, inner), self.counter) + closing)
 
