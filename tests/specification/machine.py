@@ -408,6 +408,12 @@ class SpecificationMachine(RuleBasedStateMachine):
         fork.model.starts = {i: start for i, start in source.model.starts.items() if i in fork.answers}
         carried_ids = {event.event_id for event in carried}
         fork.model.clipped = {k: v for k, v in source.model.clipped.items() if k in carried_ids}
+        # A clip is made in its own turn and may be cut again on the next: the model knows the
+        # fork's form of it only when the fork carries both windows.
+        fork.model.undecided = any(event_id not in source.model.fresh or
+                                   {source.model.fresh[event_id], source.model.fresh[event_id] + 1} - set(fork.answers)
+                                   for event_id in fork.model.clipped) or source.model.undecided
+        fork.model.fresh = {k: v for k, v in source.model.fresh.items() if k in fork.model.clipped}
         fork_log = self.log(fork)
         assert carried == [e for e in fork_log if e.type not in ("context.summarized", "context.cleared")], \
             "a fork carries its source's log below from_seq"

@@ -142,6 +142,7 @@ class RunModel:
     window_policy: str
     trim_to_fraction: float
     clearing: bool = False  # [context.clearing]: a clearing may avert a refusal the model would see
+    undecided: bool = False  # a fork whose carried clips the model cannot tell: it decides nothing
     starts: dict[int, int] = field(default_factory=dict)  # iteration -> seq of its window's first event
     clipped: dict[str, tuple[str, int]] = field(default_factory=dict)  # event id -> (fed text, its tokens)
     fresh: dict[str, int] = field(default_factory=dict)  # event id -> iteration whose own turn clipped it
@@ -181,6 +182,8 @@ class RunModel:
         """What iteration ``iteration`` is fed, from the log (every entry, any iteration), or the
         refusal; ``None`` where the model does not decide (summaries, clearing)."""
         budget = min(budget or self.budget, self.budget)
+        if self.undecided:
+            return None
         every = [event for event in self.events(log) if event.iteration <= iteration]
         if any(not event.is_host_event for event in every):
             return None  # a summary (or a clearing) is in the log: not modelled
