@@ -226,6 +226,13 @@ class RedactionSettings:
 
 
 @dataclass(frozen=True)
+class CacheSettings:
+    enabled: bool = _option(
+        True, "keep what the turns read and render again in memory, each cache bounded in bytes "
+        "(docs/caches.md); false: nothing is cached, answers are the same, only slower", flag="--cache")
+
+
+@dataclass(frozen=True)
 class MetricsSettings:
     listen: str = _option(
         "", "where to serve Prometheus metrics over HTTP (/metrics): host:port, loopback unless "
@@ -274,6 +281,7 @@ class Settings:
     memory: MemorySettings = field(default_factory=MemorySettings)
     memory_compaction: MemoryCompactionSettings = field(default_factory=MemoryCompactionSettings)
     redaction: RedactionSettings = field(default_factory=RedactionSettings)
+    cache: CacheSettings = field(default_factory=CacheSettings)
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
     tracing: TracingSettings = field(default_factory=TracingSettings)
     log: LogSettings = field(default_factory=LogSettings)
@@ -284,7 +292,8 @@ class Settings:
 SECTIONS: dict[str, type] = {
     "server": ServerSettings, "storage": StorageSettings, "context": ContextSettings,
     "context.clearing": ClearingSettings, "render": RenderSettings, "memory": MemorySettings,
-    "memory.compaction": MemoryCompactionSettings, "redaction": RedactionSettings, "metrics": MetricsSettings,
+    "memory.compaction": MemoryCompactionSettings, "redaction": RedactionSettings, "cache": CacheSettings,
+    "metrics": MetricsSettings,
     "tracing": TracingSettings, "log": LogSettings}
 _TENANT_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")

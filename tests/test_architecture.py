@@ -29,7 +29,7 @@ from tests.helpers import ROOT
 # Each area's folder in sidecar/ and its key in sidecar/storage/databases.py AREAS.
 AREA_DATABASES = {"transcript": "runs", "context_window": "run_context", "memory": "memory",
                   "tenant_events": "tenant_events"}
-SHARED = ("errors.py", "settings.py", "validation.py")  # used by every layer, so they use none
+SHARED = ("errors.py", "settings.py", "validation.py", "caching.py")  # used by every layer, so they use none
 ENTRY_POINTS = ("cli.py", "__main__.py")  # start the server: above the wire, not below it
 STORAGE_STUBS = "sidecar.pb.contextsidecar.storage"  # the stored format, read by storage/codec.py alone
 
@@ -103,7 +103,7 @@ def layer_imported(name: str) -> str | None:
         return "storage stubs" if within(name, STORAGE_STUBS) else "API stubs"
     if first in ("cli", "__main__"):
         return "entry"
-    if first in ("errors", "settings", "validation"):
+    if first in ("errors", "settings", "validation", "caching"):
         return f"shared {first}"
     return "area" if first in AREA_DATABASES else first
 
@@ -144,7 +144,7 @@ def layer_violation(layer: str, relative: Path, name: str) -> str | None:
     if layer == "telemetry" and target not in (None, "telemetry", "shared errors", "shared settings"):
         return "but sidecar/telemetry imports nothing of the sidecar except settings and errors"
     if layer == "shared" and target not in (None, "shared errors"):
-        return "but errors, settings and validation import nothing of the sidecar except sidecar.errors"
+        return "but errors, settings, validation and caching import nothing of the sidecar except sidecar.errors"
     if target in FORBIDDEN.get(layer, ()):
         return f"but the {layer} layer may not import the {target} layer"
     return None
@@ -585,9 +585,10 @@ BREAKS = [
     ("layers", {"sidecar/text/fencing.py": "from sidecar.transcript import log\n"},
      "the text layer may not import the area layer"),
     ("layers", {"sidecar/validation.py": "from sidecar.text.counting import Counters\n"},
-     "sidecar/validation.py: imports sidecar.text.counting, but errors, settings and validation import nothing"),
+     "sidecar/validation.py: imports sidecar.text.counting, but errors, settings, validation and caching "
+     "import nothing"),
     ("layers", {"sidecar/errors.py": ERRORS + "from sidecar.settings import Settings\n"},
-     "sidecar/errors.py: imports sidecar.settings, but errors, settings and validation import nothing"),
+     "sidecar/errors.py: imports sidecar.settings, but errors, settings, validation and caching import nothing"),
     ("layers", {"fastcore/_reference.py": "from sidecar.errors import ValidationError\n"},
      "fastcore/_reference.py: imports sidecar.errors, but fastcore takes plain values"),
     ("layers", {"fastcore/_search.pyx": "from libc.stdint cimport uint32_t\nimport lmdb\n"},

@@ -12,12 +12,11 @@ process by their digest (which the run record names), so a turn reads neither.
 from __future__ import annotations
 
 import hashlib
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from sidecar.caching import Cache, Caches, CacheSpec, deep_bytes
 from sidecar.context_window import schema
 from sidecar.context_window.rendering import (
     PER_TASK,
@@ -52,7 +51,6 @@ TOOLS = "tools"  # not a section: the tool list, which the prefix includes
 STATIC_PARTS = (*STATIC_SECTIONS, TOOLS)  # the prefix's parts, each hashed on its own
 MAX_ITEMS = 512  # tools, agents, skills, participants, criteria: each list at most this long
 NO_AGENTS = "(no agents)"
-_CACHE_SIZE = 1024
 
 Redact = Callable[[str], str]
 
@@ -364,27 +362,22 @@ def _parse_task(value: dict[str, Any]) -> PreparedTask:
                         tuple(CountedSection(name, PER_TASK, text, tokens) for name, text, tokens in value["sections"]))
 
 
-class ProfileCache:
-    """Prepared profiles and tasks by (run key, digest): the record a digest names never changes
-    (so one prepared in a write that was then refused is still the prepared form of that digest)."""
+# Prepared profiles and tasks, and the layouts made of them, by (run key, digest): a profile or
+# task record is named by the digest of its content, so the record a digest names never changes
+# (so one prepared in a write that was then refused is still the prepared form of that digest).
+PREPARED = CacheSpec(
+    "prepared_context", key="run key and the profile's or task's digest (a layout: both)",
+    valid="a record named by the digest of its content never changes", max_bytes=16 << 20)
 
-    def __init__(self, size: int = _CACHE_SIZE) -> None:
-        self._entries: OrderedDict[tuple[bytes, str], Any] = OrderedDict()
-        self._lock = threading.Lock()
-        self._size = size
+
+class ProfileCache:
+    """:data:`PREPARED`, or another declaration of the same kind."""
+
+    def __init__(self, caches: Caches, spec: CacheSpec = PREPARED) -> None:
+        self._entries: Cache[tuple[bytes, str], Any] = caches.of(spec)
 
     def get(self, key: tuple[bytes, str], load: Callable[[], Any]) -> Any:
-        with self._lock:
-            found = self._entries.get(key)
-            if found is not None:
-                self._entries.move_to_end(key)
-                return found
-        value = load()
-        with self._lock:
-            self._entries[key] = value
-            if len(self._entries) > self._size:
-                self._entries.popitem(last=False)
-        return value
+        return self._entries.get_or_make(key, load, deep_bytes)
 
 
 def load_profile(txn: Txn, db: dict[str, Db], key: bytes, run: Run, cache: ProfileCache) -> PreparedProfile:

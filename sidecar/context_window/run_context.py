@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from sidecar.caching import Caches
 from sidecar.context_window import schema, state
 from sidecar.context_window.policy import Policy
 from sidecar.context_window.profiles import (
@@ -64,7 +65,9 @@ class ProfileUpdate:
 
 class RunContexts:
     def __init__(self, store: Store, counters: Counters, defaults: ContextSettings, redactor: Redactor,
-                 policy: Policy | None = None, schemas: StateSchemas | None = None) -> None:
+                 policy: Policy | None = None, schemas: StateSchemas | None = None,
+                 caches: Caches | None = None) -> None:
+        """``caches``: the server's (by default, caches of this object's own, on)."""
         self._store = store
         self._db = store.handles("runs", "run_context")
         self._counters = counters
@@ -72,7 +75,7 @@ class RunContexts:
         self._redactor = redactor
         self.policy = policy or Policy()
         self.schemas = schemas or StateSchemas()
-        self._cache = ProfileCache()
+        self._cache = ProfileCache(caches or Caches())
 
     # -- what a turn reads ---------------------------------------------------------------------
 

@@ -13,12 +13,11 @@ the parts that did.
 
 from __future__ import annotations
 
-import threading
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import cast
 
+from sidecar.caching import Cache, Caches, CacheSpec, text_bytes
 from sidecar.context_window.policy import KeepInput, Policy, SectionTokens
 from sidecar.context_window.profiles import (
     HISTORY,
@@ -194,26 +193,32 @@ def _call_of(history: list[HistoryItem | None], position: int, call_id: str) -> 
     return first if first is not None and first.role == "assistant" and first.tool_name else None
 
 
+# The window's entries as renderings take them, each with its text already quoted as JSON, by run
+# (key and incarnation) and event id: a turn's window is mostly the previous turn's, so a turn
+# decodes and quotes only what is new. An entry fed in another form (cleared, clipped) is kept by
+# that form too (its text and count): a cleared result is fed as the same placeholder on every
+# later turn, and a cleared run's window is mostly those. Per run only the last window's entries
+# are kept (what the next turn reads again), and each is counted by its texts' bytes: a 100 KB
+# tool result is held twice (its text and its quoted text), so a bound by entries would hold GBs.
+HISTORY_ITEMS = CacheSpec(
+    "history_items", key="run key and incarnation, then event id (and the form it is fed in, if not its own)",
+    valid="an event never changes under its run's incarnation; a form is keyed by its text and count",
+    max_bytes=32 << 20)
+
+
+def _item_bytes(item: HistoryItem) -> int:
+    return text_bytes(item.text, item.quoted, item.key, item.event_id) + _ITEM_BYTES
+
+
+_ITEM_BYTES = 200  # the item's own object, its other fields, its slot in the run's dict
+
+
 class HistoryCache:
-    """The window's entries as renderings take them, each with its text already quoted as JSON,
-    by run (key and incarnation) and event id: an event never changes, and a turn's window is
-    mostly the previous turn's, so a turn decodes and quotes only what is new. An entry fed in
-    another form (cleared, clipped) is kept by that form too (its text and count): a cleared
-    result is fed as the same placeholder on every later turn, and a cleared run's window is
-    mostly those. The oldest go first once it holds ``size``."""
+    """:data:`HISTORY_ITEMS`: a run's window entries as items (a dict per run, replaced whole, so a
+    window is looked up by its event ids as they are, in C: a str keeps its hash)."""
 
-    def __init__(self, size: int = 20_000) -> None:
-        # Per run, so that a window is looked up by its event ids as they are (a str keeps its
-        # hash; a tuple key per entry would be built and hashed on every turn); ``_order`` is the
-        # order they came in, across runs.
-        self._runs: dict[tuple, dict[str | tuple, HistoryItem]] = {}
-        self._order: deque[tuple[tuple, str | tuple]] = deque()
-        self._lock = threading.Lock()
-        self._size = size
-
-    def __len__(self) -> int:
-        """How many items it holds (at most ``size``)."""
-        return len(self._order)
+    def __init__(self, caches: Caches) -> None:
+        self._runs: Cache[tuple, dict[str | tuple, HistoryItem]] = caches.of(HISTORY_ITEMS)
 
     def items(self, window: TranscriptWindow, run: tuple, will_be_cleared: WillBeCleared = never_cleared) -> \
             tuple[HistoryItem, ...]:
@@ -224,7 +229,8 @@ class HistoryCache:
         keys: list[str | tuple] = list(window.event_ids)
         for position, clip in window.clips.items():
             keys[position] = (keys[position], clip.text, clip.tokens)
-        history = list(map(self._runs.get(run, {}).get, keys))  # the whole window in C; most entries are known
+        kept = self._runs.get(run) or {}
+        history = list(map(kept.get, keys))  # the whole window in C; most entries are known
         if not all(history):
             for position, item in enumerate(history):
                 if item is None:
@@ -233,28 +239,15 @@ class HistoryCache:
                     fed_as = window.clips.get(position)
                     will_change = call is not None and will_be_cleared(
                         call.tool_name, event.call_id, text, fed_as.original_tokens if fed_as else event.tokens, tokens)
-                    item = HistoryItem(event.event_id, event.role, event.type, text, event.call_id, event.tool_name,
-                                       quote(text),
-                                       item_key(event.role, event.type, text, event.call_id, event.tool_name), tokens,
-                                       will_change)
-                    # Kept once what was read is committed: an event of a turn refused after it
-                    # was read is not the run's, and its id may come again with other fields.
-                    after_commit(self._keep, run, keys[position], item)
-                    history[position] = item
-        return tuple(cast("list[HistoryItem]", history))  # every None is filled in by now
-
-    def _keep(self, run: tuple, key: str | tuple, item: HistoryItem) -> None:
-        with self._lock:
-            kept = self._runs.setdefault(run, {})
-            if key not in kept:
-                self._order.append((run, key))
-            kept[key] = item
-            if len(self._order) > self._size:
-                oldest_run, oldest = self._order.popleft()
-                of_run = self._runs[oldest_run]
-                del of_run[oldest]
-                if not of_run:
-                    del self._runs[oldest_run]
+                    history[position] = HistoryItem(
+                        event.event_id, event.role, event.type, text, event.call_id, event.tool_name, quote(text),
+                        item_key(event.role, event.type, text, event.call_id, event.tool_name), tokens, will_change)
+            items = cast("list[HistoryItem]", history)  # every None is filled in by now
+            # Only this window's entries: the next turn's window is mostly this one. Kept once what
+            # was read is committed: an event of a turn refused after it was read is not the run's,
+            # and its id may come again with other fields.
+            after_commit(self._runs.put, run, dict(zip(keys, items, strict=True)), sum(map(_item_bytes, items)))
+        return tuple(cast("list[HistoryItem]", history))
 
 
 def render(kind: str, plan: Layout, history: Sequence[HistoryItem], cache: dict,

@@ -30,11 +30,11 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, make_wsgi_app
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
@@ -52,13 +52,34 @@ _current: ContextVar[Metrics | None] = ContextVar("context_sidecar_metrics", def
 _held: ContextVar[list | None] = ContextVar("context_sidecar_metrics_held", default=None)
 
 
+class CacheFigures(Protocol):
+    """What one in-process cache reports (sidecar.caching.CacheFigures, read at scrape time)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def bytes(self) -> int: ...
+    @property
+    def max_bytes(self) -> int: ...
+    @property
+    def entries(self) -> int: ...
+    @property
+    def hits(self) -> int: ...
+    @property
+    def misses(self) -> int: ...
+    @property
+    def evictions(self) -> int: ...
+
+
 class Metrics:
     """One server's metrics: its registry, its metric objects, the state it reads at scrape time."""
 
     def __init__(self, store_usage: Callable[[], tuple[int, int]] | None = None, store_max_bytes: int = 0,
-                 live_watches: Callable[[], int] | None = None) -> None:
+                 live_watches: Callable[[], int] | None = None,
+                 caches: Callable[[], Iterable[CacheFigures]] | None = None) -> None:
         """``store_usage``: (bytes in use, map size) of the store; ``store_max_bytes``: the most
-        the map may grow to (0: the disk); ``live_watches``: how many WatchEvents streams are open."""
+        the map may grow to (0: the disk); ``live_watches``: how many WatchEvents streams are open;
+        ``caches``: each in-process cache's figures."""
         self.registry = registry = CollectorRegistry()
         ProcessCollector(registry=registry)  # process_*: CPU seconds, resident memory, open files
         self._rpc = Histogram(PREFIX + "rpc_duration_seconds", "Time to serve one RPC, by method and final status "
@@ -109,6 +130,8 @@ class Metrics:
             self._job_runs.labels(job)
             self._job_failures.labels(job)
         registry.register(_StateCollector(store_usage, store_max_bytes, live_watches))
+        if caches is not None:
+            registry.register(_CacheCollector(caches))
 
     # -- the RPC wrap ---------------------------------------------------------------------------
 
@@ -266,6 +289,32 @@ class _StateCollector(Collector):
                                     "([storage] max_map_size; 0: as large as the disk allows)", value=self._store_max)
         if self._live_watches is not None:
             yield GaugeMetricFamily(PREFIX + "watchers", "WatchEvents streams open now", value=self._live_watches())
+
+
+class _CacheCollector(Collector):
+    """Each in-process cache's bytes, bound and counts, labelled by the cache's name (docs/caches.md)."""
+
+    def __init__(self, caches: Callable[[], Iterable[CacheFigures]]) -> None:
+        self._caches = caches
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        figures = list(self._caches())
+        gauges = (("bytes", "Bytes an in-process cache holds now, its entries' own included", "bytes"),
+                  ("max_bytes", "The most bytes an in-process cache may hold (0: it is off)", "max_bytes"),
+                  ("entries", "Entries an in-process cache holds now", "entries"))
+        for name, help, field in gauges:
+            family = GaugeMetricFamily(PREFIX + "cache_" + name, help, labels=("cache",))
+            for figure in figures:
+                family.add_metric((figure.name,), getattr(figure, field))
+            yield family
+        counters = (("hits", "Lookups an in-process cache answered", "hits"),
+                    ("misses", "Lookups an in-process cache did not answer (the value was made again)", "misses"),
+                    ("evictions", "Entries an in-process cache dropped to stay within its bounds", "evictions"))
+        for name, help, field in counters:
+            counter = CounterMetricFamily(PREFIX + "cache_" + name, help, labels=("cache",))
+            for figure in figures:
+                counter.add_metric((figure.name,), getattr(figure, field))
+            yield counter
 
 
 def _code_after(context: Any) -> str:

@@ -24,14 +24,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from sidecar.transcript.bounded import BoundedCache
+from sidecar.caching import Cache, Caches, CacheSpec
 
 Answer = TypeVar("Answer")
 
-# The most answers kept (their bytes are bounded by [context] reassembly_cache). Re-assemblies
-# come soon after the assembly they repeat, so the newest few hundred cover them; the oldest go
-# first.
+# The most answers kept (their bytes are bounded by [context] reassembly_cache, which replaces the
+# bound declared here). Re-assemblies come soon after the assembly they repeat, so the newest few
+# hundred cover them; the oldest go first.
 MAX_ENTRIES = 256
+REASSEMBLIES = CacheSpec(
+    "reassemblies", key="run key, iteration, max_transcript_tokens, render",
+    valid="given only while the window record's bytes, the run's incarnation, its layout and the budget "
+    "are those it was built from (the newest iteration's: and the run's record and the window before it); "
+    "DeleteArtifact forgets the run's answers; with a shared store, only at the run's version it was built at",
+    max_bytes=64 << 20, max_entries=MAX_ENTRIES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,8 +58,12 @@ class Kept(Generic[Answer]):
 class Reassemblies(Generic[Answer]):
     """Answers by (run key, iteration, max_transcript_tokens, render), with what makes them valid."""
 
-    def __init__(self, max_bytes: int, max_entries: int = MAX_ENTRIES) -> None:
-        self._kept: BoundedCache[tuple, Kept[Answer]] = BoundedCache(max_bytes, max_entries)
+    def __init__(self, caches: Caches) -> None:
+        self._kept: Cache[tuple, Kept[Answer]] = caches.of(REASSEMBLIES)
+
+    @property
+    def enabled(self) -> bool:
+        return self._kept.enabled
 
     def get(self, key: tuple, stored: bytes, incarnation: str, layout: object) -> Kept[Answer] | None:
         """The answer kept for ``key`` if it was built from this record, incarnation and layout."""

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from itertools import islice
 
 import fastcore
-from sidecar.context_window.profiles import ProfileCache
+from sidecar.caching import Cache, CacheSpec, cache_of, text_bytes
 from sidecar.context_window.schema import task_id as stored_task_id
 from sidecar.errors import Conflict, FieldViolation, SummaryUnavailable, ValidationError
 from sidecar.settings import STRATEGIES
@@ -36,7 +36,6 @@ from sidecar.storage.environment import after_commit
 from sidecar.storage.keys import Txn
 from sidecar.telemetry import metrics
 from sidecar.text.fencing import is_fenced
-from sidecar.transcript.bounded import BoundedCache
 from sidecar.transcript.log import LogWriter, count_texts, host_event_ids, prefix_end
 from sidecar.transcript.runs import SIDECAR_ID_PREFIX, Deps, Run, RunSettings
 from sidecar.transcript.schema import (
@@ -65,7 +64,6 @@ STACKING_STRATEGIES = ("recursive", "map-reduce")  # may replace earlier summari
 NO_SUMMARY = -1  # ``below`` of the oldest summary in force
 _HEAD = struct.Struct(">BiIIB")  # layout, below, depth, tokens_after, len(ref)
 _LAYOUT = 2  # layout 1: a JSON object with the whole stack, its first byte "{"
-WALKED_RUNS = 1024  # runs whose stacks' summaries are kept as walked (``_WALKED``)
 WALKED_PER_RUN = 65_536  # summaries kept of one run before its walks start afresh
 
 
@@ -107,10 +105,11 @@ class Summary:
 
     @classmethod
     def parse(cls, data: bytes) -> Summary:
-        summary = _PARSED.get(data)
+        parsed = cache_of(PARSED_SUMMARIES)
+        summary = parsed.get(data)
         if summary is None:
             summary = _parse(data)
-            _PARSED.put(data, summary, 1)
+            parsed.put(data, summary, _summary_bytes(data))
         return summary
 
 
@@ -119,7 +118,14 @@ class Summary:
 # of such a call's decoding). A summary recorded here is put in with the bytes it was written as,
 # so the next call of its run finds it parsed already (put in by a write that is then refused, it
 # is found by those same bytes alone: no commit needs to come first).
-_PARSED: BoundedCache[bytes, Summary] = BoundedCache(max_bytes=256)
+PARSED_SUMMARIES = CacheSpec(
+    "parsed_summaries", key="a summary record's bytes", valid="a parse is a pure function of the bytes",
+    max_bytes=8 << 20)
+
+
+def _summary_bytes(record: bytes) -> int:
+    """A record's bytes kept as its key, and its parse (about three times its JSON)."""
+    return 4 * len(record)
 
 
 def _parse(data: bytes) -> Summary:
@@ -152,36 +158,44 @@ def _in_force(index: int, data: bytes) -> InForce:
 # its place in the stack holds for as long as its run does, and a run deleted and made again is
 # another incarnation. Every turn walks its stack as far as its window reaches (50 summaries in
 # force: 112 µs a turn read from LMDB, two walks), and mostly the same summaries as the turn before.
-_WALKED: BoundedCache[tuple[bytes, str], dict[int, InForce]] = BoundedCache(max_bytes=WALKED_RUNS)
+WALKED = CacheSpec(
+    "walked_summaries", key="run key and incarnation, then a summary's index",
+    valid="a summary record is written once and never changed (DeleteArtifact deletes its text, not it) "
+    "under its run's incarnation", max_bytes=8 << 20)
+_IN_FORCE_BYTES = 250  # an InForce, its ref, its slot in the run's dict
 
 
 def stack_down(txn: Txn, db: dict, key: bytes, top: Summary | None, incarnation: str) -> Iterator[InForce]:
     """The summaries in force once ``top`` is, newest first, as far as the caller goes: each
-    read once per run (a fixed-size read), then kept (``_WALKED``)."""
+    read once per run (a fixed-size read), then kept (:data:`WALKED`)."""
     if top is None:
         return
     yield InForce(top.index, top.below, top.depth, top.tokens_after, top.ref)
-    walked = _walked(key, incarnation)
-    record = None
-    below = top.below
-    while below != NO_SUMMARY:
-        summary = walked.get(below)
-        if summary is None:
-            record = record or summary_records(txn, db, key)
-            summary = _in_force(below, record(below))
-            # Kept once committed: a turn that records several summaries (a replay fork's) and is
-            # refused leaves their indexes to the summaries recorded next.
-            after_commit(walked.__setitem__, below, summary)
-        yield summary
-        below = summary.below
-
-
-def _walked(key: bytes, incarnation: str) -> dict[int, InForce]:
-    walked = _WALKED.get((key, incarnation))
+    cache = cache_of(WALKED)
+    walked = cache.get((key, incarnation))
     if walked is None or len(walked) > WALKED_PER_RUN:
         walked = {}
-        _WALKED.put((key, incarnation), walked, 1)
-    return walked
+    read: dict[int, InForce] = {}  # what this walk read that was not kept
+    record = None
+    below = top.below
+    try:
+        while below != NO_SUMMARY:
+            summary = walked.get(below) or read.get(below)
+            if summary is None:
+                record = record or summary_records(txn, db, key)
+                summary = read[below] = _in_force(below, record(below))
+            yield summary
+            below = summary.below
+    finally:  # the walk may stop anywhere: what it read is kept, measured again
+        if read:
+            # Kept once committed: a turn that records several summaries (a replay fork's) and is
+            # refused leaves their indexes to the summaries recorded next.
+            after_commit(_keep_walked, cache, (key, incarnation), walked, read)
+
+
+def _keep_walked(cache: Cache, key: tuple[bytes, str], walked: dict[int, InForce], read: dict[int, InForce]) -> None:
+    walked.update(read)
+    cache.put(key, walked, len(walked) * _IN_FORCE_BYTES)
 
 
 def newest_in_force(txn: Txn, db: dict, key: bytes, top: Summary | None, count: int,
@@ -289,7 +303,7 @@ def write_summary(writer: LogWriter, summary: Summary, text: str, role: str, tok
                                                           SUMMARY_TYPE, "", text, summary.tokens_after, ""))
     record = summary.record()
     put_summary_record(txn, db, key, summary.index, record)
-    _PARSED.put(record, summary, 1)
+    cache_of(PARSED_SUMMARIES).put(record, summary, _summary_bytes(record))
     entry = StoredEvent(summary.seq, f"{SIDECAR_ID_PREFIX}{SUMMARIZED_TYPE}:{summary.index}", summary.iteration,
                         "system", SUMMARIZED_TYPE, summarized_payload(summary, token_counter), "", 0)
     append_compaction(writer, entry, "summary", summary.replaced_turns, summary.ref, summary.tokens_before,
@@ -313,14 +327,16 @@ def append_compaction(writer: LogWriter, entry: StoredEvent, kind: str, removed:
 
 # The run's task id by (run key, task digest): the task record a digest names never changes, and
 # reading the id parses the whole record (the task, its skills, its sections).
-_TASK_IDS = ProfileCache()
+TASK_IDS = CacheSpec("task_ids", key="run key and task digest",
+                     valid="a record named by the digest of its content never changes", max_bytes=4 << 20)
 
 
 def _task_id(writer: LogWriter) -> str:
     """The id of the run's task, the run's id when it has none (no task digest: no task record)."""
     key, digest = writer.key, writer.run.task_digest
     if digest:
-        task_id = _TASK_IDS.get((key, digest), lambda: stored_task_id(writer.txn, writer.db, key))
+        task_id = cache_of(TASK_IDS).get_or_make(
+            (key, digest), lambda: stored_task_id(writer.txn, writer.db, key), lambda found: text_bytes(found, key))
         if task_id:
             return task_id
     return run_id_of(key)

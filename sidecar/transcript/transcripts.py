@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, overload
 
+from sidecar.caching import Cache, Caches, CacheSpec
 from sidecar.context_window import sections
 from sidecar.context_window.profiles import Profile, Task
 from sidecar.context_window.run_context import RunContexts
@@ -28,7 +29,6 @@ from sidecar.text.counting import Counters
 from sidecar.text.fencing import fence
 from sidecar.text.redaction import Redactor, redact_json_text, refuse_secrets
 from sidecar.transcript import forks
-from sidecar.transcript.bounded import BoundedCache
 from sidecar.transcript.log import (
     AppendResult,
     LogWriter,
@@ -38,7 +38,7 @@ from sidecar.transcript.log import (
     count_events,
     prepare_events,
 )
-from sidecar.transcript.reassembly import Reassemblies
+from sidecar.transcript.reassembly import REASSEMBLIES, Reassemblies
 from sidecar.transcript.runs import (
     Deps,
     Run,
@@ -73,7 +73,12 @@ from sidecar.transcript.window import ReadBack, TranscriptWindow, from_record
 from sidecar.validation import check_at_least, check_id, check_unbroken_runs, page_size, page_within_bytes
 
 R = TypeVar("R")  # what a writing call's caller makes of its result (``respond``)
-RUN_COUNTERS = 65_536  # runs whose token counter is kept in memory (each a few bytes of key and name)
+# Each run's token counter by its key, as its last append found it: what a call counts its
+# events in before it takes the write lock. Only a guess: the transaction counts again if the
+# run's counter turns out another (a run deleted and opened again), so a stale one costs time only.
+RUN_COUNTERS = CacheSpec(
+    "run_counters", key="run key", valid="a hint, checked in the write transaction against the run's record",
+    max_bytes=8 << 20)
 
 __all__ = ["AppendResult", "AssembledContext", "CompactionRecord", "NewEvent", "RunSettings", "Section", "Summary",
            "SummaryRequest", "TranscriptWindow", "Transcripts"]
@@ -95,7 +100,9 @@ class Transcripts:
     def __init__(self, store: Store, counters: Counters, defaults: ContextSettings,
                  redactor: Redactor | None = None, contexts: RunContexts | None = None,
                  clearing_settings: ClearingSettings | None = None, render: RenderSettings | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, caches: Caches | None = None) -> None:
+        """``caches``: the server's (by default, caches of this object's own, on)."""
+        caches = caches or Caches(bounds={REASSEMBLIES.name: defaults.reassembly_cache})
         self._store = store
         self._render = render or RenderSettings()
         self._clearing = clearing_settings or ClearingSettings()
@@ -103,14 +110,12 @@ class Transcripts:
         self._db = store.handles("runs", "run_context")
         self._deps = Deps(self._db, counters, defaults)
         self._redactor = redactor or Redactor()
-        self.contexts = contexts or RunContexts(store, counters, defaults, self._redactor)
-        self._reassemblies: Reassemblies[AssembledContext] | None = (
-            Reassemblies(max_bytes=defaults.reassembly_cache) if defaults.reassembly_cache else None)
-        # Each run's token counter by its key, as its last append found it: what a call counts its
-        # events in before it takes the write lock (a run's counter is set when it is opened).
-        self._run_counters: BoundedCache[bytes, str] = BoundedCache(max_bytes=RUN_COUNTERS)
-        self._turns = TurnServices(store, self._deps, self.contexts, self._clearing, self._render, HistoryCache(),
-                                   ReadBack(), self._reassemblies, clock)
+        self.contexts = contexts or RunContexts(store, counters, defaults, self._redactor, caches=caches)
+        reassemblies: Reassemblies[AssembledContext] = Reassemblies(caches)
+        self._reassemblies = reassemblies if reassemblies.enabled else None
+        self._run_counters: Cache[bytes, str] = caches.of(RUN_COUNTERS)
+        self._turns = TurnServices(store, self._deps, self.contexts, self._clearing, self._render,
+                                   HistoryCache(caches), ReadBack(caches), self._reassemblies, clock)
 
     def _sanitised(self, tenant: str, run_id: str, events: list[NewEvent], field: str) -> list[NewEvent]:
         """Before an event is counted or stored: SR-1 (its content is redacted; a tool call's
@@ -237,7 +242,7 @@ class Transcripts:
                 with tracing.phase("count"):
                     counts = count_events(self._deps.counters, counter, events, field)
             if counter != seen:  # kept once committed: a run a refused turn would have made does not exist
-                after_commit(self._run_counters.put, key, counter, 1)
+                after_commit(self._run_counters.put, key, counter, len(key) + len(counter))
             replay = (lambda w, e: forks.before_host_event(self._deps, w, e)) if writer.run.replay_pending else None
             return append_host_events(writer, events, counts, field, replay)
 

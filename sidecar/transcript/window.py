@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import fastcore
+from sidecar.caching import Cache, Caches, CacheSpec, text_bytes
 from sidecar.context_window.rendering import CLIPPED_ARGUMENTS
 from sidecar.errors import TokenBudgetExceeded, TranscriptWindowExceeded
 from sidecar.storage.codec import StoredEvent, decode_event
@@ -21,7 +22,6 @@ from sidecar.storage.keys import Txn
 from sidecar.telemetry.tracing import phase
 from sidecar.text.counting import TokenCounter
 from sidecar.text.fencing import split_block
-from sidecar.transcript.bounded import BoundedCache
 from sidecar.transcript.log import log_entries_before, prefix_end
 from sidecar.transcript.runs import Deps, Run, RunSettings, require_run
 from sidecar.transcript.schema import (
@@ -352,18 +352,24 @@ def window_record(deps: Deps, txn: Txn, key: bytes, run: Run, chosen: Plan, top:
     return record
 
 
-class ReadBack:
-    """The entries a run's window was last read back with (records and ids, sidecar entries
-    included), so that the next read of a window starting at or after that start (and within
-    them) reads only what lies past them. A cache-stable window keeps its start for many turns and
-    grows by a turn's events; a window whose summaries move its floor on starts a few entries
-    later; and an entry never changes under its run's incarnation once committed (so only what
-    committed is kept: ``after_commit``). Bounded by the bytes of the records it holds; the runs
-    read longest ago go first."""
+# The entries a run's window was last read back with (records and ids, sidecar entries included),
+# so that the next read of a window starting at or after that start (and within them) reads only
+# what lies past them. A cache-stable window keeps its start for many turns and grows by a turn's
+# events; a window whose summaries move its floor on starts a few entries later. An entry never
+# changes under its run's incarnation once committed, so only what committed is kept
+# (``after_commit``).
+READ_BACK = CacheSpec(
+    "read_back", key="run key (the run's incarnation kept with the entries)",
+    valid="an entry at a seq never changes under its run's incarnation once committed (a run deleted and "
+    "made again is another incarnation, checked on every read)", max_bytes=16 << 20)
 
-    def __init__(self, max_bytes: int = 32 << 20) -> None:
-        # run key -> (incarnation, start, records, ids, their bytes)
-        self._runs: BoundedCache[bytes, tuple[str, int, list[bytes], list[str], int]] = BoundedCache(max_bytes)
+
+class ReadBack:
+    """:data:`READ_BACK`: per run, the last window's entries; the runs read longest ago go first."""
+
+    def __init__(self, caches: Caches) -> None:
+        # run key -> (incarnation, start, records, ids)
+        self._runs: Cache[bytes, tuple[str, int, list[bytes], list[str]]] = caches.of(READ_BACK)
 
     def read(self, txn: Txn, db: dict, key: bytes, incarnation: str, start: int,
              end: int) -> tuple[list[bytes], list[str]]:
@@ -371,21 +377,18 @@ class ReadBack:
         last = self._runs.get(key)
         if last is None or last[0] != incarnation or not last[1] <= start < last[1] + len(last[2]):
             records, ids = read_records(txn, db, key, start, end), read_ids(txn, db, key, start, end)
-            size = sum(map(len, records))
         else:
-            _, held_from, records, ids, size = last
+            _, held_from, records, ids = last
             if start > held_from:  # the entries before the new start are not held any longer
                 dropped = start - held_from
-                size -= sum(map(len, records[:dropped]))
                 records, ids = records[dropped:], ids[dropped:]
             held = start + len(records)
             if end <= held:
                 return records[:end - start], ids[:end - start]
-            more = read_records(txn, db, key, held, end)
-            records, ids, size = records + more, ids + read_ids(txn, db, key, held, end), size + sum(map(len, more))
+            records, ids = records + read_records(txn, db, key, held, end), ids + read_ids(txn, db, key, held, end)
         # Kept once what was read is committed: a turn refused after it read its window (a summary's
         # text deleted) aborts the events it appended, and the next turn appends others at their seqs.
-        after_commit(self._runs.put, key, (incarnation, start, records, ids, size), size)
+        after_commit(self._runs.put, key, (incarnation, start, records, ids), text_bytes(*records, *ids))
         return records, ids
 
 

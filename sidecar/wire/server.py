@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, text_format
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2
 
+from sidecar.caching import Caches
 from sidecar.context_window.policy import load_policy
 from sidecar.context_window.run_context import RunContexts
 from sidecar.context_window.state import StateSchemas
@@ -44,6 +45,7 @@ from sidecar.telemetry.tracing import Tracing
 from sidecar.tenant_events.log import TenantEventLog
 from sidecar.text.counting import Counters
 from sidecar.text.redaction import Redactor
+from sidecar.transcript.reassembly import REASSEMBLIES
 from sidecar.transcript.transcripts import Transcripts
 from sidecar.wire.auth import TenantOf
 from sidecar.wire.capabilities import capability_document
@@ -69,6 +71,7 @@ class Services:
     redactor: Redactor
     events: TenantEventLog
     compactor: Compactor | None  # the memory compactor; None: [memory.compaction] is off
+    caches: Caches = field(default_factory=Caches)  # every in-process cache (docs/caches.md)
 
     @classmethod
     def open(cls, settings: Settings) -> Services:
@@ -103,13 +106,19 @@ class Services:
         except (ValueError, ImportError, SidecarError) as error:  # a plugin or schema that cannot serve
             store.close()
             raise ConfigError(str(error)) from None
-        run_contexts = RunContexts(store, counters, settings.context, redactor, policy, schemas)
+        caches = caches_of(settings)
+        run_contexts = RunContexts(store, counters, settings.context, redactor, policy, schemas, caches)
         transcripts = Transcripts(store, counters, settings.context, redactor, run_contexts,
-                                  settings.context_clearing, settings.render, clock)
-        return cls(store, counters, transcripts, memories, redactor, events, memory_compactor)
+                                  settings.context_clearing, settings.render, clock, caches)
+        return cls(store, counters, transcripts, memories, redactor, events, memory_compactor, caches)
 
     def close(self) -> None:
         self.store.close()
+
+
+def caches_of(settings: Settings) -> Caches:
+    """The server's caches: on unless ``[cache] enabled = false``; the re-assemblies' bound is a setting."""
+    return Caches(settings.cache.enabled, {REASSEMBLIES.name: settings.context.reassembly_cache})
 
 
 class InFlightCalls:
@@ -296,7 +305,7 @@ def build_server(settings: Settings, services: Services, in_flight: InFlightCall
         # The log line's duration and the latency histogram exclude the span's own cost; the
         # tracing wrap goes outside them, as it does not keep the method's name. The shared
         # store's freshening is part of the call's cost, so it goes inside them all.
-        observed = traced(measured(logs.logged(current(behavior))))
+        observed = traced(measured(logs.logged(services.caches.binding(current(behavior)))))
         return in_flight.track(observed) if in_flight else observed
 
     add_servicer_to_server(servicer_for(settings, services), server, wrap)
@@ -316,7 +325,8 @@ def metrics_of(settings: Settings, services: Services) -> Metrics | None:
     """The server's metrics with [metrics] listen set (None: off), reading the store and the watches."""
     if not settings.metrics.listen:
         return None
-    return Metrics(services.store.map_usage, settings.storage.max_map_size, services.events.live_watches)
+    return Metrics(services.store.map_usage, settings.storage.max_map_size, services.events.live_watches,
+                   services.caches.figures)
 
 
 def start(server: grpc.Server, health_servicer: health.HealthServicer) -> None:

@@ -3,7 +3,8 @@ run, within its size."""
 
 from __future__ import annotations
 
-from sidecar.context_window.sections import HistoryCache
+from sidecar.caching import Caches
+from sidecar.context_window.sections import HISTORY_ITEMS, HistoryCache
 from sidecar.storage.codec import StoredEvent, encode_event
 from sidecar.transcript.window import Clip, TranscriptWindow
 
@@ -24,15 +25,22 @@ def expected(of: TranscriptWindow) -> list[tuple[str, str, int]]:
 
 
 def test_each_run_gets_its_own_entries_and_the_cache_keeps_within_its_size() -> None:
-    cache = HistoryCache(size=5)
+    caches = Caches(bounds={HISTORY_ITEMS.name: 2500})  # room for about one run's window
+    cache = HistoryCache(caches)
+
+    def held() -> int:
+        [figures] = caches.figures()
+        assert figures.max_bytes == 2500
+        return figures.bytes
+
     # Two runs whose events share ids but not contents; one entry of the second is fed clipped.
     first = window("a", ["alpha one", "alpha two", "alpha three"])
     second = window("b", ["beta one", "beta two two", "beta three"], {1: Clip("beta [...]", 2, 3)})
     for _ in range(3):
         for run, of in (("a", first), ("b", second)):
             assert fed(cache.items(of, (run.encode(), "incarnation"))) == expected(of)
-            assert len(cache) <= 5
+            assert 0 < held() <= 2500
     # The same run made again (another incarnation) is another run.
     again = window("a", ["gamma one", "gamma two", "gamma three"])
     assert fed(cache.items(again, (b"a", "another incarnation"))) == expected(again)
-    assert len(cache) <= 5
+    assert 0 < held() <= 2500

@@ -21,6 +21,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from sidecar.caching import DECLARED
 from sidecar.memory.compaction import BackgroundJob
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.storage.environment import Store
@@ -39,7 +40,8 @@ REASONS = {"first_turn", "render_changed", "profile", "task_changed", "skill_loa
            "history_changed"}
 LABEL_VALUES = {"method": METHODS, "code": {code.name for code in grpc.StatusCode}, "kind": KINDS,
                 "reason": REASONS, "by": {"host", "built-in", "plugin", "replay"},
-                "trigger": {"client-requested", "host-managed"}, "job": {"memory_compaction"}}
+                "trigger": {"client-requested", "host-managed"}, "job": {"memory_compaction"},
+                "cache": set(DECLARED)}
 
 
 def scrape_text(url: str) -> str:

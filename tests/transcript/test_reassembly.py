@@ -11,7 +11,6 @@ import grpc
 import pytest
 
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
-from sidecar.transcript.reassembly import Kept, Reassemblies
 from tests.helpers import PROFILE, Sidecar, call_error, open_full, tool_turn
 
 ASSEMBLE = "/contextsidecar.v1.ContextSidecar/AssembleContext"
@@ -226,28 +225,3 @@ def test_the_newest_iteration_again_after_what_its_plan_reads_changed(tmp_path: 
     assert before[0] == before[1]
     assert [after] == afresh(tmp_path, [newest])
     assert after != before[0]
-
-
-def test_what_is_kept_stays_within_its_bounds_and_the_least_recently_used_goes_first():
-    kept = Reassemblies[str](max_bytes=1000, max_entries=3)
-
-    def keep(name: str, size: int) -> None:
-        kept.keep((b"run", name), Kept(b"record", "incarnation", "layout", 100, name, size))
-
-    def held() -> list[str]:
-        return [name for name in "abcdef" if kept.get((b"run", name), b"record", "incarnation", "layout")]
-
-    for name in "abcd":
-        keep(name, 100)
-    assert held() == ["b", "c", "d"]  # at most 3: the oldest, a, went
-    keep("e", 900)  # 1,200 bytes with b, c and d: the oldest go until 1,000 are held
-    assert held() == ["d", "e"]
-    keep("f", 1001)  # larger than the whole bound: not kept, nothing else dropped
-    assert held() == ["d", "e"]
-    kept.forget(b"run")
-    assert held() == []
-    for name in "abc":
-        keep(name, 100)
-    assert kept.get((b"run", "a"), b"record", "incarnation", "layout")  # a is now the most recently used
-    keep("d", 100)
-    assert held() == ["a", "c", "d"]  # b, the least recently used, went
