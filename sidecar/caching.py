@@ -88,14 +88,18 @@ class Cache(Generic[Key, Value]):
     def get(self, key: Key) -> Value | None:
         if not self.enabled:
             return None
-        with self._lock:
-            found = self._entries.get(key)
-            if found is None:
-                self.misses += 1
-                return None
-            self.hits += 1
+        # No lock: each OrderedDict call is atomic under the GIL, and an entry another thread
+        # dropped meanwhile is simply not moved (the counts may then be off by one: they are figures).
+        found = self._entries.get(key)
+        if found is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        try:
             self._entries.move_to_end(key)
-            return found[0]
+        except KeyError:
+            pass
+        return found[0]
 
     def put(self, key: Key, value: Value, size: int) -> None:
         """Keep ``value`` under ``key``, replacing what was there; ``size``: its bytes (the entry's

@@ -29,7 +29,6 @@ out inline: they run once per event, on the turn's hot path.
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
 from array import array
@@ -39,6 +38,7 @@ from itertools import compress, islice
 from typing import TYPE_CHECKING, cast
 
 import fastcore
+from sidecar.caching import CacheSpec, cache_of
 from sidecar.storage.codec import (
     ID_SEPARATOR,
     StoredEvent,
@@ -401,22 +401,25 @@ class WindowRecord:
             value.get("context"), value.get("window_tokens"))
 
 
-_last_window: tuple[bytes, WindowRecord] | None = None
+# Persisted window records, parsed, by their bytes: an assembly reads the previous window's record
+# at four stages (kept clips, clearing, the window's start, the cache report), and a turn parses
+# the record it persisted while its commit syncs, for the run's next turn. A parse is a pure
+# function of the bytes, frozen, and its lists and ``context`` are never changed once parsed.
+PARSED_WINDOWS = CacheSpec(
+    "parsed_windows", key="a window record's bytes", valid="a parse is a pure function of the bytes",
+    max_bytes=8 << 20)
 
 
 def _shared_window(stored: bytes) -> WindowRecord:
-    """A persisted window record, parsed once for equal bytes: an assembly reads the previous
-    window's record at four stages (kept clips, clearing, the window's start, the cache report),
-    so the last one parsed here is kept with its bytes and given again (it is frozen, and its
-    lists and ``context`` are never changed once parsed). Keyed by the bytes themselves, it may
-    keep a record a refused turn parsed and never wrote: only the same bytes find it."""
-    global _last_window
-    last = _last_window
-    if last is not None and last[0] == stored:
-        return last[1]
-    record = WindowRecord.parse(stored)
-    _last_window = (stored, record)  # one slot, replaced whole: safe across threads
-    return record
+    """A persisted window record, parsed once for equal bytes (:data:`PARSED_WINDOWS`). Keyed by
+    the bytes themselves, it may keep a record a refused turn parsed and never wrote: only the
+    same bytes find it."""
+    return cache_of(PARSED_WINDOWS).get_or_make(stored, lambda: WindowRecord.parse(stored), _parsed_bytes(stored))
+
+
+def _parsed_bytes(stored: bytes) -> Callable[[object], int]:
+    """A record kept as its key and parsed (about three times its JSON)."""
+    return lambda _: 4 * len(stored)
 
 
 def window_at(txn: Txn, db: dict, key: bytes, iteration: int, shared: bool = False) -> WindowRecord | None:
@@ -596,7 +599,10 @@ _MEMOISED_FORM_BYTES = 4096  # a placeholder's form is ~250 bytes; a clip's can 
 
 def _parse_form(key: bytes, stored_key: bytes, value: bytes) -> FedForm:
     suffix = stored_key[len(key):]
-    return _small_form(suffix, value) if len(value) <= _MEMOISED_FORM_BYTES else _form_of(suffix, value)
+    if len(value) > _MEMOISED_FORM_BYTES:
+        return _form_of(suffix, value)
+    return cache_of(PARSED_FORMS).get_or_make((suffix, value), lambda: _form_of(suffix, value),
+                                               _parsed_bytes(value))
 
 
 def _form_of(suffix: bytes, value: bytes) -> FedForm:
@@ -606,9 +612,11 @@ def _form_of(suffix: bytes, value: bytes) -> FedForm:
 
 
 # Every turn reads the forms of its whole window (a cleared run's window is mostly placeholders),
-# and a stored form is a pure function of its bytes: the parse of the small ones is memoised by
-# them, never stale whatever is deleted, forked or written again under the same key.
-_small_form = functools.lru_cache(maxsize=16384)(_form_of)
+# and a stored form is a pure function of its bytes: the parse of the small ones is kept by them,
+# never stale whatever is deleted, forked or written again under the same key.
+PARSED_FORMS = CacheSpec(
+    "parsed_forms", key="a fed form's key suffix (seq, made_at) and its bytes, up to 4 KiB",
+    valid="a parse is a pure function of the bytes", max_bytes=8 << 20)
 
 
 def current_forms(txn: Txn, db: dict, key: bytes, start: int, end: int) -> dict[int, FedForm]:
