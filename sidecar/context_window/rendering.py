@@ -34,13 +34,14 @@ Pure: no I/O, standard library only.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import re
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from json.encoder import encode_basestring  # the C encoder: json.dumps(s, ensure_ascii=False) for a str
+
+from sidecar.caching import CacheSpec, cache_of, text_bytes
 
 # Fed in place of what is missing, fixed so the same history always renders the same bytes.
 NO_RESULT = "(no result was recorded for this call)"
@@ -213,22 +214,27 @@ class _Turn:
     calls: dict[str, list[HistoryItem]]
 
 
-# The last history split into turns, by identity: a turn's request reads its history several
-# times (the cache report's parts, its breakpoints, the body), and a tuple of frozen items cannot
-# change, so the same tuple splits the same. One slot, replaced whole: safe across threads.
-_last_split: tuple[tuple[HistoryItem, ...], list[_Turn]] | None = None
+# Histories split into turns, by identity: a turn's request reads its history several times (the
+# cache report's parts, its breakpoints, the body), and a tuple of frozen items cannot change, so
+# the same tuple splits the same. The tuple is kept with its turns, so its id is not reused while
+# it is kept; a few suffice (a request's splits follow one another).
+SPLIT_TURNS = CacheSpec(
+    "split_turns", key="the history tuple's identity (the tuple kept with its turns)",
+    valid="a tuple of frozen items cannot change", max_bytes=1 << 20, max_entries=16)
+_SPLIT_ITEM_BYTES = 120  # a turn's share of the lists and dicts that hold an item
 
 
 def _turns(history: Sequence[HistoryItem]) -> list[_Turn]:
-    """``history`` as alternating turns (see :func:`_split_turns`); the same tuple as the last
-    call's is split once. The turns are shared: read them, never change them."""
-    global _last_split
-    last = _last_split
-    if last is not None and last[0] is history:
-        return last[1]
+    """``history`` as alternating turns (see :func:`_split_turns`); the same tuple is split once
+    (:data:`SPLIT_TURNS`). The turns are shared: read them, never change them."""
+    if type(history) is not tuple:
+        return _split_turns(history)
+    cache = cache_of(SPLIT_TURNS)
+    kept = cache.get(id(history))
+    if kept is not None and kept[0] is history:
+        return kept[1]
     turns = _split_turns(history)
-    if type(history) is tuple:
-        _last_split = (history, turns)
+    cache.put(id(history), (history, turns), _SPLIT_ITEM_BYTES * len(history))
     return turns
 
 
@@ -344,13 +350,18 @@ def is_blank(text: str) -> bool:
 
 
 def _output_key(kind: str, call_id: str, results: Sequence[HistoryItem]) -> str:
-    return _results_key(kind, call_id, tuple(result.key for result in results))
+    keys = (kind, call_id, *(result.key for result in results))
+    return cache_of(RESULTS_KEYS).get_or_make(keys, lambda: kind + digest(call_id, *keys[2:]), _key_bytes(keys))
 
 
-@functools.lru_cache(maxsize=16384)
-def _results_key(kind: str, call_id: str, keys: tuple[str, ...]) -> str:
-    """A call's results as one part (memoised: a window's calls are the previous turn's)."""
-    return kind + digest(call_id, *keys)
+# A call's results as one part, by the call and its results' keys (a window's calls are the
+# previous turn's): a digest is a pure function of what it digests.
+RESULTS_KEYS = CacheSpec("results_keys", key="kind, call id and its results' item keys",
+                         valid="a digest is a pure function of its texts", max_bytes=4 << 20)
+
+
+def _key_bytes(keys: tuple[str, ...]) -> Callable[[str], int]:
+    return lambda found: text_bytes(found, *keys) + 8 * len(keys)
 
 
 def uncounted(text: str) -> int:
@@ -503,7 +514,10 @@ def _arguments(item: HistoryItem) -> str:
     """The tool call's arguments, checked to be one JSON object, as they are: the text parsed
     as one, so it needs no re-serialisation. A text that is not one is fed as clipped."""
     text = item.text
-    problem = _arguments_problem(text) if len(text) <= _MEMOISED_ARGUMENTS_CHARS else _object_problem(text)
+    if len(text) <= _MEMOISED_ARGUMENTS_CHARS:
+        problem = cache_of(ARGUMENTS_PROBLEMS).get_or_make(text, lambda: _object_problem(text), _key_bytes((text,)))
+    else:
+        problem = _object_problem(text)
     if problem:  # a call's arguments are checked when appended: only a clip kept from before clips were objects
         return CLIPPED_ARGUMENTS[0] + encode_basestring(text) + CLIPPED_ARGUMENTS[1]
     return text
@@ -521,14 +535,17 @@ def _object_problem(text: str) -> str:
     return ""
 
 
-# A pure function of the text, memoised: every turn renders again each call its window holds.
-_arguments_problem = functools.lru_cache(maxsize=8192)(_object_problem)
+# Every turn renders again each call its window holds: what is checked and quoted of a call is
+# kept, a pure function of its text and its id.
+ARGUMENTS_PROBLEMS = CacheSpec("arguments_problems", key="a tool call's arguments, up to 4,096 characters",
+                               valid="the check is a pure function of the text", max_bytes=4 << 20)
+TOOL_USE_IDS = CacheSpec("tool_use_ids", key="a call id", valid="the quoted id is a pure function of it",
+                         max_bytes=2 << 20)
 
 
-# A pure function of the call id, memoised: every turn renders again each call its window holds.
-@functools.lru_cache(maxsize=16384)
 def _quoted_tool_use_id(call_id: str) -> str:
-    return encode_basestring(_tool_use_id(call_id))
+    return cache_of(TOOL_USE_IDS).get_or_make(call_id, lambda: encode_basestring(_tool_use_id(call_id)),
+                                              _key_bytes((call_id,)))
 
 
 def _tool_result(call_id: str, results: list[HistoryItem]) -> str:
