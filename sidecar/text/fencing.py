@@ -24,8 +24,7 @@ import html
 import re
 import unicodedata
 from bisect import bisect_right
-from collections.abc import Iterator, Sequence
-from functools import lru_cache
+from collections.abc import Callable, Iterator, Sequence
 from importlib import resources
 from itertools import accumulate
 
@@ -319,9 +318,17 @@ def _spelled(text: str) -> bool:
     return _SPELLED.search(_fold_rare(folded)) is not None
 
 
-@lru_cache(maxsize=4096)
-def _normalise_unit(unit: str) -> str:
-    return normalise(unit)
+def _normal_units() -> Callable[[str], str]:
+    """normalise(), for one unit, each distinct unit once per call: a text repeats its units (this
+    keeps nothing between calls, so the module needs no cache of the sidecar's)."""
+    forms: dict[str, str] = {}
+
+    def normalise_unit(unit: str) -> str:
+        form = forms.get(unit)
+        if form is None:
+            form = forms[unit] = normalise(unit)
+        return form
+    return normalise_unit
 
 
 def _units(text: str) -> Iterator[tuple[int, int]]:
@@ -361,6 +368,7 @@ def _strike(text: str) -> str:
     starts = list(accumulate(map(len, forms), initial=0))
     normal = "".join(forms)
     units: dict[int, tuple[Sequence[int], list[int]]] = {}  # block -> its units' starts in text, in normal
+    normalise_unit = _normal_units()
 
     def unit_at(position: int) -> tuple[int, int]:
         """The span in text of the unit whose normal form holds normal[position]."""
@@ -370,10 +378,10 @@ def _strike(text: str) -> str:
             in_text: Sequence[int]
             if "&" in block:
                 spans = list(_units(block))
-                lengths = [len(_normalise_unit(block[start:end])) for start, end in spans]
+                lengths = [len(normalise_unit(block[start:end])) for start, end in spans]
                 in_text = [cuts[k] + start for start, _ in spans] + [cuts[k + 1]]
             else:  # every unit is one code point
-                lengths = list(map(len, map(_normalise_unit, block)))
+                lengths = list(map(len, map(normalise_unit, block)))
                 in_text = range(cuts[k], cuts[k + 1] + 1)
             units[k] = (in_text, list(accumulate(lengths, initial=starts[k])))
         in_text, in_normal = units[k]
