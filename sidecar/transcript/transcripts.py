@@ -80,6 +80,10 @@ RUN_COUNTERS = CacheSpec(
     "run_counters", key="run key", valid="a hint, checked in the write transaction against the run's record",
     max_bytes=8 << 20)
 
+# The area's calls, bound to the caches of a Transcripts that holds its own.
+_API = ("open_run", "delete_run", "fork_run", "append_events", "list_events", "assemble", "transcript_window",
+        "record_summary", "get_artifact", "delete_artifact", "state", "compaction_records")
+
 __all__ = ["AppendResult", "AssembledContext", "CompactionRecord", "NewEvent", "RunSettings", "Section", "Summary",
            "SummaryRequest", "TranscriptWindow", "Transcripts"]
 
@@ -101,8 +105,12 @@ class Transcripts:
                  redactor: Redactor | None = None, contexts: RunContexts | None = None,
                  clearing_settings: ClearingSettings | None = None, render: RenderSettings | None = None,
                  clock: Callable[[], float] = time.time, caches: Caches | None = None) -> None:
-        """``caches``: the server's (by default, caches of this object's own, on)."""
-        caches = caches or Caches(bounds={REASSEMBLIES.name: defaults.reassembly_cache})
+        """``caches``: the server's, which its calls find bound (by default, caches of this object's
+        own, on, bound around each of its calls: what in-process callers, benchmarks and tests, get)."""
+        if caches is None:
+            caches = Caches(bounds={REASSEMBLIES.name: defaults.reassembly_cache})
+            for name in _API:
+                setattr(self, name, caches.binding(getattr(self, name)))
         self._store = store
         self._render = render or RenderSettings()
         self._clearing = clearing_settings or ClearingSettings()
