@@ -351,17 +351,18 @@ def is_blank(text: str) -> bool:
 
 def _output_key(kind: str, call_id: str, results: Sequence[HistoryItem]) -> str:
     keys = (kind, call_id, *(result.key for result in results))
-    return cache_of(RESULTS_KEYS).get_or_make(keys, lambda: kind + digest(call_id, *keys[2:]), _key_bytes(keys))
+    kept = cache_of(RESULTS_KEYS)
+    found = kept.get(keys)
+    if found is None:
+        found = kind + digest(call_id, *keys[2:])
+        kept.put(keys, found, text_bytes(found, *keys) + 8 * len(keys))
+    return found
 
 
 # A call's results as one part, by the call and its results' keys (a window's calls are the
 # previous turn's): a digest is a pure function of what it digests.
 RESULTS_KEYS = CacheSpec("results_keys", key="kind, call id and its results' item keys",
                          valid="a digest is a pure function of its texts", max_bytes=4 << 20)
-
-
-def _key_bytes(keys: tuple[str, ...]) -> Callable[[str], int]:
-    return lambda found: text_bytes(found, *keys) + 8 * len(keys)
 
 
 def uncounted(text: str) -> int:
@@ -515,7 +516,11 @@ def _arguments(item: HistoryItem) -> str:
     as one, so it needs no re-serialisation. A text that is not one is fed as clipped."""
     text = item.text
     if len(text) <= _MEMOISED_ARGUMENTS_CHARS:
-        problem = cache_of(ARGUMENTS_PROBLEMS).get_or_make(text, lambda: _object_problem(text), _key_bytes((text,)))
+        kept = cache_of(ARGUMENTS_PROBLEMS)
+        problem = kept.get(text)
+        if problem is None:
+            problem = _object_problem(text)
+            kept.put(text, problem, text_bytes(text, problem))
     else:
         problem = _object_problem(text)
     if problem:  # a call's arguments are checked when appended: only a clip kept from before clips were objects
@@ -544,8 +549,12 @@ TOOL_USE_IDS = CacheSpec("tool_use_ids", key="a call id", valid="the quoted id i
 
 
 def _quoted_tool_use_id(call_id: str) -> str:
-    return cache_of(TOOL_USE_IDS).get_or_make(call_id, lambda: encode_basestring(_tool_use_id(call_id)),
-                                              _key_bytes((call_id,)))
+    kept = cache_of(TOOL_USE_IDS)
+    quoted = kept.get(call_id)
+    if quoted is None:
+        quoted = encode_basestring(_tool_use_id(call_id))
+        kept.put(call_id, quoted, text_bytes(call_id, quoted))
+    return quoted
 
 
 def _tool_result(call_id: str, results: list[HistoryItem]) -> str:

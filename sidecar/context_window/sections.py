@@ -215,10 +215,10 @@ _ITEM_BYTES = 200  # the item's own object, its other fields, its slot in the ru
 
 class HistoryCache:
     """:data:`HISTORY_ITEMS`: a run's window entries as items (a dict per run, replaced whole, so a
-    window is looked up by its event ids as they are, in C: a str keeps its hash)."""
+    window is looked up by its event ids as they are, in C: a str keeps its hash), with their bytes."""
 
     def __init__(self, caches: Caches) -> None:
-        self._runs: Cache[tuple, dict[str | tuple, HistoryItem]] = caches.of(HISTORY_ITEMS)
+        self._runs: Cache[tuple, tuple[dict[str | tuple, HistoryItem], int]] = caches.of(HISTORY_ITEMS)
 
     def items(self, window: TranscriptWindow, run: tuple, will_be_cleared: WillBeCleared = never_cleared) -> \
             tuple[HistoryItem, ...]:
@@ -229,7 +229,7 @@ class HistoryCache:
         keys: list[str | tuple] = list(window.event_ids)
         for position, clip in window.clips.items():
             keys[position] = (keys[position], clip.text, clip.tokens)
-        kept = self._runs.get(run) or {}
+        kept, held = self._runs.get(run) or ({}, 0)
         history = list(map(kept.get, keys))  # the whole window in C; most entries are known
         if not all(history):
             for position, item in enumerate(history):
@@ -239,14 +239,18 @@ class HistoryCache:
                     fed_as = window.clips.get(position)
                     will_change = call is not None and will_be_cleared(
                         call.tool_name, event.call_id, text, fed_as.original_tokens if fed_as else event.tokens, tokens)
-                    history[position] = HistoryItem(
+                    item = history[position] = HistoryItem(
                         event.event_id, event.role, event.type, text, event.call_id, event.tool_name, quote(text),
                         item_key(event.role, event.type, text, event.call_id, event.tool_name), tokens, will_change)
+                    held += _item_bytes(item)
+            # Only this window's entries: the next turn's window is mostly this one. Those no
+            # longer in it (a start moved on, an entry fed in another form) are measured out.
             items = cast("list[HistoryItem]", history)  # every None is filled in by now
-            # Only this window's entries: the next turn's window is mostly this one. Kept once what
-            # was read is committed: an event of a turn refused after it was read is not the run's,
-            # and its id may come again with other fields.
-            after_commit(self._runs.put, run, dict(zip(keys, items, strict=True)), sum(map(_item_bytes, items)))
+            now = dict(zip(keys, items, strict=True))
+            held -= sum(_item_bytes(kept[key]) for key in kept.keys() - now.keys())
+            # Kept once what was read is committed: an event of a turn refused after it was read is
+            # not the run's, and its id may come again with other fields.
+            after_commit(self._runs.put, run, (now, held), held)
         return tuple(cast("list[HistoryItem]", history))
 
 

@@ -38,7 +38,7 @@ from itertools import compress, islice
 from typing import TYPE_CHECKING, cast
 
 import fastcore
-from sidecar.caching import CacheSpec, cache_of
+from sidecar.caching import Cache, CacheSpec, cache_of
 from sidecar.storage.codec import (
     ID_SEPARATOR,
     StoredEvent,
@@ -414,12 +414,12 @@ def _shared_window(stored: bytes) -> WindowRecord:
     """A persisted window record, parsed once for equal bytes (:data:`PARSED_WINDOWS`). Keyed by
     the bytes themselves, it may keep a record a refused turn parsed and never wrote: only the
     same bytes find it."""
-    return cache_of(PARSED_WINDOWS).get_or_make(stored, lambda: WindowRecord.parse(stored), _parsed_bytes(stored))
-
-
-def _parsed_bytes(stored: bytes) -> Callable[[object], int]:
-    """A record kept as its key and parsed (about three times its JSON)."""
-    return lambda _: 4 * len(stored)
+    parsed = cache_of(PARSED_WINDOWS)
+    record = parsed.get(stored)
+    if record is None:
+        record = WindowRecord.parse(stored)
+        parsed.put(stored, record, 4 * len(stored))  # kept as its key, and parsed (about three times its JSON)
+    return record
 
 
 def window_at(txn: Txn, db: dict, key: bytes, iteration: int, shared: bool = False) -> WindowRecord | None:
@@ -597,12 +597,16 @@ class FedForm:
 _MEMOISED_FORM_BYTES = 4096  # a placeholder's form is ~250 bytes; a clip's can be half the budget
 
 
-def _parse_form(key: bytes, stored_key: bytes, value: bytes) -> FedForm:
+def _parse_form(key: bytes, stored_key: bytes, value: bytes, parsed: Cache) -> FedForm:
+    """A stored form, parsed (``parsed``: :data:`PARSED_FORMS`, fetched once per read)."""
     suffix = stored_key[len(key):]
     if len(value) > _MEMOISED_FORM_BYTES:
         return _form_of(suffix, value)
-    return cache_of(PARSED_FORMS).get_or_make((suffix, value), lambda: _form_of(suffix, value),
-                                               _parsed_bytes(value))
+    form = parsed.get((suffix, value))
+    if form is None:
+        form = _form_of(suffix, value)
+        parsed.put((suffix, value), form, 4 * len(value))
+    return form
 
 
 def _form_of(suffix: bytes, value: bytes) -> FedForm:
@@ -622,10 +626,11 @@ PARSED_FORMS = CacheSpec(
 def current_forms(txn: Txn, db: dict, key: bytes, start: int, end: int) -> dict[int, FedForm]:
     """The newest form of each event of ``[start, end)`` that has one, by seq."""
     forms: dict[int, FedForm] = {}
+    parsed = cache_of(PARSED_FORMS)
     for suffix, value in records_under(txn, db["fed_forms"], key, be32(start)):
         if int.from_bytes(suffix[:4], "big") >= end:
             break
-        form = _parse_form(key, key + suffix, value)
+        form = _parse_form(key, key + suffix, value, parsed)
         forms[form.seq] = form  # keys ascend by (seq, made_at): the last one of a seq is its newest
     return forms
 
@@ -635,15 +640,17 @@ def forms_listed(txn: Txn, db: dict, key: bytes, listed: list[list[int]]) -> lis
     if not listed:
         return []
     found = _cursor(txn, db["fed_forms"]).getmulti([form_key(key, seq, made_at) for seq, made_at in listed])
-    return [_parse_form(key, stored_key, value) for stored_key, value in found]
+    parsed = cache_of(PARSED_FORMS)
+    return [_parse_form(key, stored_key, value, parsed) for stored_key, value in found]
 
 
 def forms_below(txn: Txn, db: dict, key: bytes, end: int) -> Iterator[tuple[FedForm, bytes]]:
     """Every form of the events below ``end``, in key order, with its stored value."""
+    parsed = cache_of(PARSED_FORMS)
     for suffix, value in records_under(txn, db["fed_forms"], key):
         if int.from_bytes(suffix[:4], "big") >= end:
             return
-        yield _parse_form(key, key + suffix, value), value
+        yield _parse_form(key, key + suffix, value, parsed), value
 
 
 def made_in(value: bytes) -> int:
