@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import fastcore
+from sidecar.caching import Cache, Caches, CacheSpec, text_bytes
 from sidecar.errors import ValidationError
 from sidecar.telemetry import metrics
 from sidecar.validation import check_id, json_field
@@ -85,14 +86,23 @@ class _Matcher:
     markers: list[bytes]
 
 
+# The matcher over a scope's secrets (the tenant's and the run's), built once: every run redacts
+# its events, most with no secret registered (then the entry says so). Registering or forgetting
+# a tenant's secrets drops the tenant's matchers, under the lock every build takes.
+SECRET_MATCHERS = CacheSpec(
+    "secret_matchers", key="tenant and run id", max_bytes=16 << 20,
+    valid="built from the scope's secrets, and dropped for the whole tenant whenever they change")
+
+
 class Redactor:
     """Registered secrets per tenant (tenant-wide, or for one run), and the redaction passes."""
 
-    def __init__(self, detectors: bool = True) -> None:
+    def __init__(self, detectors: bool = True, caches: Caches | None = None) -> None:
+        """``caches``: the server's (by default, caches of this object's own, on)."""
         self._detectors = detectors
         self._lock = threading.Lock()
         self._scopes: dict[tuple[str, str], dict[str, str]] = {}  # (tenant, run_id or "") -> id -> value
-        self._matchers: dict[tuple[str, str], _Matcher | None] = {}
+        self._matchers: Cache[tuple[str, str], tuple[_Matcher | None]] = (caches or Caches()).of(SECRET_MATCHERS)
 
     def register(self, tenant: str, run_id: str, secrets: Sequence[tuple[str, str]]) -> None:
         """Add or replace secrets (secret_id, value) of a run, or tenant-wide when run_id is ''."""
@@ -123,20 +133,22 @@ class Redactor:
             return forgotten
 
     def _forget_matchers(self, tenant: str) -> None:
-        for key in [key for key in self._matchers if key[0] == tenant]:
-            del self._matchers[key]
+        self._matchers.drop(lambda key: key[0] == tenant)
 
     def _matcher(self, tenant: str, run_id: str) -> _Matcher | None:
         """The matcher over the tenant-wide and the run's secrets (a run's value wins), built once."""
         key = (tenant, run_id)
         with self._lock:
-            if key not in self._matchers:
+            kept = self._matchers.get(key)
+            if kept is None:
                 values = {**self._scopes.get((tenant, ""), {}), **(self._scopes.get(key, {}) if run_id else {})}
                 ids = list(values)
-                self._matchers[key] = _Matcher(
-                    fastcore.MultiMatcher([values[i].encode("utf-8") for i in ids]), ids,
-                    [marker(i).encode("utf-8") for i in ids]) if ids else None
-            return self._matchers[key]
+                kept = (_Matcher(fastcore.MultiMatcher([values[i].encode("utf-8") for i in ids]), ids,
+                                 [marker(i).encode("utf-8") for i in ids]) if ids else None,)
+                # The automaton holds each secret's bytes a few times over; ids and markers beside them.
+                self._matchers.put(key, kept, text_bytes(tenant, run_id) + sum(
+                    8 * len(values[i].encode("utf-8")) + 2 * len(i) + 120 for i in ids))
+            return kept[0]
 
     def redact(self, tenant: str, run_id: str, text: str) -> Redacted:
         text, found = self._redact(self._matcher(tenant, run_id), text)

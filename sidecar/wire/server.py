@@ -95,7 +95,8 @@ class Services:
               clock: Callable[[], float] = time.time) -> Services:
         """The domain over ``store``; ``clock`` tells the turns the time (a test's own, to pause
         for minutes without waiting)."""
-        redactor = Redactor(settings.redaction.detectors)
+        caches = caches_of(settings)
+        redactor = Redactor(settings.redaction.detectors, caches)
         memories = Memories(store, counters, settings.memory, redactor)
         events = TenantEventLog(store)
         memory_compactor = (Compactor(memories, events, settings.memory_compaction)
@@ -106,7 +107,6 @@ class Services:
         except (ValueError, ImportError, SidecarError) as error:  # a plugin or schema that cannot serve
             store.close()
             raise ConfigError(str(error)) from None
-        caches = caches_of(settings)
         run_contexts = RunContexts(store, counters, settings.context, redactor, policy, schemas, caches)
         transcripts = Transcripts(store, counters, settings.context, redactor, run_contexts,
                                   settings.context_clearing, settings.render, clock, caches)

@@ -7,9 +7,10 @@ import json
 
 import pytest
 
+from sidecar.caching import Caches
 from sidecar.errors import ValidationError
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
-from sidecar.text.redaction import Redactor, redact_json_text
+from sidecar.text.redaction import SECRET_MATCHERS, Redactor, redact_json_text
 from tests.helpers import DETECTED, TOKENS, Tenant
 
 
@@ -106,3 +107,20 @@ def test_redacted_memory_is_searchable_by_its_marker(start_server) -> None:
     assert [e.id for e in found.entries] == []  # the plaintext is not in the index either
     assert [e.id for e in acme.ListMemory(pb.ListMemoryRequest(memory_ref="mem:a", rank="relevance",
                                                                query="redacted api")).entries] == ["m"]
+
+
+def test_the_matchers_kept_stay_within_their_bytes_and_follow_every_registration() -> None:
+    """Every run that redacts once kept a matcher entry (most saying "no secret") for as long as
+    the process lived; they are a cache now, bounded in bytes, and a registration is seen at once."""
+    caches = Caches(bounds={SECRET_MATCHERS.name: 20_000})
+    redactor = Redactor(caches=caches)
+    for n in range(2_000):
+        assert redactor.redact("t", f"run-{n}", "nothing secret here").text == "nothing secret here"
+    [figures] = caches.figures()
+    assert 0 < figures.bytes <= 20_000 and figures.evictions > 0
+    redactor.register("t", "", [("db", "hunter2-correct-horse")])  # after run-1999's matcher was kept
+    assert redactor.redact("t", "run-1999", "pw hunter2-correct-horse").text == "pw [REDACTED:db]"
+    redactor.register("t", "run-1999", [("db", "another-battery-staple")])  # the run's own value wins
+    assert redactor.redact("t", "run-1999", "another-battery-staple").text == "[REDACTED:db]"
+    redactor.forget("t", "run-1999", [])
+    assert redactor.redact("t", "run-1999", "another-battery-staple").text == "another-battery-staple"
