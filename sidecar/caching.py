@@ -185,7 +185,10 @@ class Caches:
         try:
             yield
         finally:
-            _current.reset(token)
+            try:
+                _current.reset(token)
+            except ValueError:  # a stream closed from another thread than the one that began it
+                pass
 
     def binding(self, behavior: Callable[..., Any]) -> Callable[..., Any]:
         """``behavior`` with these caches bound while it runs (a generator's: while it yields)."""
