@@ -167,7 +167,10 @@ class Caches:
         return cache
 
     def figures(self) -> list[CacheFigures]:
-        """Every cache's figures, by name (the server's metrics read them at scrape time)."""
+        """Every declared cache's figures, by name, those not used yet too (the server's metrics
+        read them at scrape time)."""
+        for spec in list(DECLARED.values()):
+            self.of(spec)
         with self._lock:
             caches = sorted(self._caches.values(), key=lambda cache: cache.spec.name)
         return [cache.figures() for cache in caches]

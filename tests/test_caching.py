@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.caching import ENTRY_BYTES, Cache, Caches, CacheSpec, cache_of, deep_bytes, text_bytes
+from sidecar.caching import DECLARED, ENTRY_BYTES, Cache, Caches, CacheSpec, cache_of, deep_bytes, text_bytes
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
-from tests.helpers import Sidecar
+from tests.helpers import ROOT, Sidecar
 
 SPEC = CacheSpec("test", key="a name", valid="the test says so", max_bytes=1000 + 2 * ENTRY_BYTES, max_entries=3)
 
@@ -61,7 +61,7 @@ def test_off_keeps_nothing_and_reports_no_room() -> None:
     cache.put("a", "a", 1)
     assert cache.get("a") is None
     assert cache.get_or_make("a", lambda: "made", len) == "made"
-    [figures] = caches.figures()
+    [figures] = [figure for figure in caches.figures() if figure.name == SPEC.name]
     assert (figures.bytes, figures.entries, figures.max_bytes) == (0, 0, 0)
 
 
@@ -172,3 +172,11 @@ def test_memory_held_for_what_was_fed_stays_within_the_caches_bounds(tmp_path: P
     for name in ("history_items", "read_back"):
         assert figures[name]["bytes"] > figures[name]["max_bytes"] / 2, name
         assert figures[name]["evictions_total"] > 0, name
+
+
+def test_every_declared_cache_is_reported_and_listed_in_the_docs() -> None:
+    import sidecar.wire.server  # noqa: F401  (declares every cache of the sidecar)
+
+    assert {figure.name for figure in Caches().figures()} == set(DECLARED)
+    page = (ROOT / "docs" / "caches.md").read_text(encoding="utf-8")
+    assert [name for name in DECLARED if name != SPEC.name and f"| `{name}` (" not in page] == []
