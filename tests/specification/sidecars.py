@@ -67,7 +67,8 @@ def settings_for(folder: Path, config: Config, shared_url: str) -> Settings:
 
 def caches_off(settings: Settings) -> Settings:
     """The one place that says what "caches off" is: every in-process cache a setting can turn off."""
-    return dataclasses.replace(settings, context=dataclasses.replace(settings.context, reassembly_cache=0))
+    return dataclasses.replace(settings, context=dataclasses.replace(settings.context, reassembly_cache=0),
+                               cache=dataclasses.replace(settings.cache, enabled=False))
 
 
 class InProcessSidecar:
