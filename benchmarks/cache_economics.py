@@ -4,14 +4,18 @@ Against real sidecar processes (one per policy, all running at once), the same l
 played turn by turn, the policies in a rotating order each turn so a shared machine's drift hits
 them alike. Each turn appends the host's new events and asks for the Anthropic rendering (the
 timed call: the per-turn latency), then re-assembles the same iteration rendered for OpenAI
-(read only, not timed). Two shapes of run, each turn one request, the one that asks for the
+(read only, not timed). The shapes of run, each turn one request, the one that asks for the
 turn's answer:
 
 - chat: the previous answer (~200 o200k tokens) and the user's message (~100);
 - tools: the previous answer, the user's message, an assistant tool call, and its result of
   200-4,000 tokens (uniform), under a ~2k-token system prompt and 40 tools (~6k tokens);
 - mixed: as tools, but a third of the results are under 40 tokens (a cleared placeholder would
-  be no smaller) and one in twenty 5,000-8,000.
+  be no smaller) and one in twenty 5,000-8,000;
+- agent: an agent loop of many small turns, shaped like real tool-heavy runs: each turn the
+  model's tool call or two (sometimes with a short note) and their results, a user message every
+  ~15 turns; a third of the results under 40 tokens, most a few hundred, 2.5% of 5,000-7,000
+  (median turn ~210 tokens as the sidecar counts it, untrusted fences included).
 
 Summaries: off; host (when the answer says compaction is due, a deterministic fake summariser
 records a summary of the candidates through RecordSummary); or built-in ([context] summariser =
@@ -23,29 +27,32 @@ in the output), and a policy that needs it is skipped.
 The cache figures are recounted from consecutive rendered bodies (benchmarks/prompt_cache.py),
 never taken from the sidecar's own ``cache`` report. Per run and policy: the identical-prefix
 and cached shares of the tokens sent (mean and p10, from turn 2), the mean fill of the transcript
-budget (once the run's events exceed it), summaries and clearings per 100 turns (the run's
-log entries), the p50 of the timed AssembleContext, and the billed input per turn in base-price
-tokens with Anthropic's and OpenAI's ratios; then the turns that clear tool results (whose
-request feeds a cleared placeholder for the first time): their cached shares and their part of
-the Anthropic bill; and the sidecar's own ``cache.stable_prefix_tokens`` over the identical prefix
-modelled here, the one place the report is read, to check it. Then the issue's aims as ratios
-measured here, and a PNG plot of the billed input per turn (needs matplotlib: ``pip install -e
-'.[bench]'``).
+budget and its p10 and the share of the last 10 turns' events in the window (both once the
+run's events exceed the budget), summaries and clearings per 100 turns (the run's log entries),
+the p50 of the timed AssembleContext, and the billed input per turn in base-price tokens with
+Anthropic's and OpenAI's ratios; then the turns that clear tool results (whose request feeds a
+cleared placeholder for the first time): their cached shares and their part of the Anthropic
+bill; and the sidecar's own ``cache.stable_prefix_tokens`` over the identical prefix modelled
+here, the one place the report is read, to check it. Then the issues' aims as ratios measured
+here, and a PNG plot of the billed input per turn (needs matplotlib: ``pip install -e
+'.[bench]'``). ``--tree`` runs another source tree's sidecar (fastcore compiled in place), so a
+branch is measured beside main's.
 
 With ``--idle-every N`` the host pauses before every Nth turn for longer than the providers keep
 a cache entry (the models' entries expire), and each cache-stable policy is also played
 ``+cold``: its sidecar told the caches last 1 s, it takes the pending big steps on the turn after
 a pause (docs/transcript.md, "When the cache is cold").
 
-    python -m benchmarks.cache_economics [--turns 1000] [--budgets 8000,32000] [--shapes chat,tools,mixed]
-        [--modes off,host,builtin] [--trim-fractions 0.6] [--clearing on] [--plot PATH] [--no-sync]
-        [--idle-every 0] [--idle-seconds 1.5]
+    python -m benchmarks.cache_economics [--turns 1000] [--budgets 8000,32000]
+        [--shapes chat,tools,mixed,agent] [--modes off,host,builtin] [--trim-fractions 0.6]
+        [--clearing on] [--plot PATH] [--no-sync] [--idle-every 0] [--idle-seconds 1.5] [--tree PATH]
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import math
 import random
 import sys
 import tempfile
@@ -67,7 +74,7 @@ from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
 from sidecar.settings import ConfigError, env_name, load_settings
 from sidecar.text.encodings import load_encoding
 
-SHAPES = ("chat", "tools", "mixed")
+SHAPES = ("chat", "tools", "mixed", "agent")
 MODES = ("off", "host", "builtin")
 MODE_FLAGS = {"off": ["--no-summarization"], "host": ["--summarization", "--summariser", "none"],
               "builtin": ["--summarization", "--summariser", "extractive"]}
@@ -77,6 +84,9 @@ TOOL_RESULT_TOKENS = (200, 4000)
 SMALL_RESULT_TOKENS, LARGE_RESULT_TOKENS = (5, 39), (5000, 8000)  # the "mixed" shape's other results
 ID_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
 CLEARED_PLACEHOLDER = "[tool result cleared to save context: "  # how a cleared result is fed
+# The agent shape's tool results: a third tiny, most log-uniform over a few hundred, a few huge.
+AGENT_TINY_RESULT, AGENT_RESULT, AGENT_HUGE_RESULT = (3, 39), (50, 1000), (5000, 7000)
+AGENT_HUGE_SHARE, AGENT_TINY_SHARE = 0.025, 1 / 3
 DEFAULT_TRIM_FRACTION = 0.6  # [context] trim_to_fraction's default: the aims are the defaults'
 COLD_TTL_SECONDS = 1  # the +cold policies' [render] *_cache_ttl_seconds: a turn's gap is far shorter, a pause longer
 # Summaries per 100 turns at an 800-token budget on main before issue 10 (max_fill, the nagging
@@ -107,6 +117,8 @@ class Tally:
     billed_anthropic: list[float] = field(default_factory=list)
     billed_openai: list[float] = field(default_factory=list)
     fill: list[float] = field(default_factory=list)  # once the run's events exceed the budget
+    recent: list[float] = field(default_factory=list)  # share of the last 10 turns' events in the window, as fill
+    turn_tokens: list[int] = field(default_factory=list)  # each turn's appended tokens, as the sidecar counts them
     summaries: int = 0
     clearings: int = 0
     refused_summaries: list[str] = field(default_factory=list)
@@ -157,8 +169,46 @@ def result_tokens(shape: str, rng: random.Random) -> int:
     return rng.randint(*TOOL_RESULT_TOKENS)
 
 
+def agent_result_tokens(rng: random.Random) -> int:
+    draw = rng.random()
+    if draw < AGENT_HUGE_SHARE:
+        return rng.randint(*AGENT_HUGE_RESULT)
+    if draw < AGENT_HUGE_SHARE + AGENT_TINY_SHARE:
+        return rng.randint(*AGENT_TINY_RESULT)
+    low, high = AGENT_RESULT
+    return int(math.exp(rng.uniform(math.log(low), math.log(high))))
+
+
+def agent_turns(count: int, encoding) -> list[list[pb.Event]]:
+    """The agent shape: the model's tool calls (a short note before them at times) and their
+    results each turn, a user message every ~15 turns."""
+    rng = random.Random(f"agent-{count}")
+    turns = []
+    for turn in range(1, count + 1):
+        events = []
+        if turn == 1 or rng.random() < 1 / 15:
+            words = rng.randint(15, 60)
+            events.append(pb.Event(event_id=f"u{turn}", role="user",
+                                   content=" ".join(corpus.prose(rng).split()[:words])))
+        if rng.random() < 0.3:
+            events.append(pb.Event(event_id=f"n{turn}", role="assistant",
+                                   content=" ".join(corpus.prose(rng).split()[:rng.randint(10, 50)])))
+        for call in range(2 if rng.random() < 0.15 else 1):
+            call_id = f"call-{turn}-{call}"
+            arguments = f'{{"query": "{" ".join(rng.sample(corpus._WORDS, rng.randint(2, 8)))}", ' \
+                        f'"limit": {rng.randrange(5, 50)}}}'
+            events.append(pb.Event(event_id=f"c{turn}-{call}", role="assistant", type="tool_call", call_id=call_id,
+                                   tool_name=f"tool_{rng.randrange(TOOLS):02d}", content=arguments))
+            events.append(pb.Event(event_id=f"r{turn}-{call}", role="tool", type="tool_result", call_id=call_id,
+                                   content=tool_result(rng, encoding, agent_result_tokens(rng))))
+        turns.append(events)
+    return turns
+
+
 def turns_of(shape: str, count: int, encoding) -> list[list[pb.Event]]:
     """Each turn's new events (iteration 0: the one being assembled), the same for every policy."""
+    if shape == "agent":
+        return agent_turns(count, encoding)
     rng = random.Random(f"{shape}-{count}")
     turns, answer = [], None
     for turn in range(1, count + 1):
@@ -197,6 +247,7 @@ class Player:
         self.anthropic, self.openai = AnthropicCache(), OpenAICache()
         self.appended_tokens = 0
         self.cleared = 0  # tool results the last request fed as their placeholder
+        self.turn_ids: list[list[str]] = []  # each turn's events, oldest turn first
         stub.OpenRun(pb.OpenRunRequest(run_id=self.run_id, transcript_token_budget=tally.budget,
                                        summarization_supported=tally.mode != "off", profile=run_profile, task=task))
 
@@ -208,9 +259,15 @@ class Player:
         tally.latency.seconds.append(time.perf_counter() - begin)
         openai = self.stub.AssembleContext(pb.AssembleContextRequest(
             run_id=self.run_id, iteration=iteration, render="openai_responses"))
-        self.appended_tokens += sum(result.tokens for result in answer.appended)
+        appended = sum(result.tokens for result in answer.appended)
+        self.appended_tokens += appended
+        tally.turn_tokens.append(appended)
+        self.turn_ids.append([event.event_id for event in events])
         if self.appended_tokens > answer.token_budget:
             tally.fill.append(answer.token_count / answer.token_budget)
+            recent = [event_id for ids in self.turn_ids[-10:] for event_id in ids]
+            fed = set(answer.event_ids)
+            tally.recent.append(sum(event_id in fed for event_id in recent) / len(recent))
         anthropic_bill = self.anthropic.bill(anthropic_blocks(answer.rendered, self.tokens))
         openai_bill = self.openai.bill(openai_blocks(openai.rendered, self.tokens))
         tally.billed_anthropic.append(anthropic_bill.billed)
@@ -298,9 +355,9 @@ def _ratio(value: float, baseline: float) -> str:
 
 def print_table(tallies: list[Tally]) -> None:
     print("| shape | budget | summaries | policy | identical prefix mean / p10 | cached A mean / p10 | "
-          "cached O mean / p10 | fill | summaries /100 | clearings /100 | p50 us | billed A /turn | A / max_fill | "
-          "billed O /turn | O / max_fill |")
-    print("|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "cached O mean / p10 | fill mean / p10 | last 10 turns | summaries /100 | clearings /100 | p50 us | "
+          "billed A /turn | A / max_fill | billed O /turn | O / max_fill |")
+    print("|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     baselines = {t.scenario: t for t in tallies if t.policy == "max_fill"}
     for t in tallies:
         base = baselines.get(t.scenario)
@@ -309,7 +366,8 @@ def print_table(tallies: list[Tally]) -> None:
         print(f"| {t.shape} | {t.budget} | {MODE_NAMES[t.mode]} | {t.policy} | "
               f"{mean(t.identical):.2f} / {p10(t.identical):.2f} | "
               f"{mean(t.cached_anthropic):.2f} / {p10(t.cached_anthropic):.2f} | "
-              f"{mean(t.cached_openai):.2f} / {p10(t.cached_openai):.2f} | {mean(t.fill):.2f} | "
+              f"{mean(t.cached_openai):.2f} / {p10(t.cached_openai):.2f} | {mean(t.fill):.2f} / {p10(t.fill):.2f} | "
+              f"{mean(t.recent):.2f} | "
               f"{100 * t.summaries / turns:.1f} | {100 * t.clearings / turns:.1f} | {t.latency.p50:,.0f} | "
               f"{billed_a:,.0f} | {_ratio(billed_a, mean(base.billed_anthropic)) if base else '-'} | "
               f"{billed_o:,.0f} | {_ratio(billed_o, mean(base.billed_openai)) if base else '-'} |")
@@ -387,6 +445,7 @@ def print_aims(tallies: list[Tally], default_fraction: float) -> None:
                 ratio = t.latency.p50 / base.latency.p50
                 line(ratio <= 1.1, f"{t.shape}, summaries {MODE_NAMES[t.mode]}, {t.policy}: AssembleContext p50 "
                                    f"{ratio:.2f}x max_fill's, aim <= 1.10")
+    print_agent_aims(tallies, stable + " +clearing")
     for t in tallies:
         if t.budget == 800 and t.mode != "off" and t.policy.startswith(stable):
             today = MAIN_SUMMARIES_PER_100_AT_800.get(t.shape, {}).get(t.mode)
@@ -394,6 +453,41 @@ def print_aims(tallies: list[Tally], default_fraction: float) -> None:
             if today:
                 line(per_100 <= today / 3, f"{t.shape}, {MODE_NAMES[t.mode]} summaries at 800 tokens: {per_100:.1f} "
                                            f"per 100 turns, {per_100 / today:.2f} of main's {today:.1f}, aim <= 0.33")
+
+
+def print_agent_aims(tallies: list[Tally], label: str) -> None:
+    """Issue 23's aims on the agent shape, the default policy (``label``) at each budget and mode."""
+    agent = [t for t in tallies if t.shape == "agent"]
+    if not agent:
+        return
+    by = {(t.scenario, t.policy): t for t in agent}
+    sizes = sorted(size for t in agent if t.policy == "max_fill" for size in t.turn_tokens) or \
+        sorted(size for t in agent for size in t.turn_tokens)
+    print(f"\nAims (issue 23) on the agent shape, {label} (turns of median {sizes[len(sizes) // 2]} tokens "
+          f"as counted, p90 {sizes[int(len(sizes) * 0.9)]}):")
+
+    def line(passed: bool, text: str) -> None:
+        print(f"- {'pass' if passed else 'MISS'}: {text}")
+
+    for t in agent:
+        if t.policy != label:
+            continue
+        name = f"{t.budget}, summaries {MODE_NAMES[t.mode]}"
+        line(mean(t.fill) >= 0.6 and p10(t.fill) >= 0.45,
+             f"{name}: fill mean {mean(t.fill):.2f} / p10 {p10(t.fill):.2f}, aim >= 0.60 / 0.45")
+        below_half = sum(share < 0.5 for share in t.recent)
+        line(mean(t.recent) >= 0.9, f"{name}: the last 10 turns' events in the window {mean(t.recent):.2f} on "
+                                    f"average, aim >= 0.90 (fewer than half of them on {below_half} turns)")
+        line(min(mean(t.cached_anthropic), mean(t.cached_openai)) >= 0.85,
+             f"{name}: cached share {mean(t.cached_anthropic):.2f} (Anthropic) / {mean(t.cached_openai):.2f} "
+             "(OpenAI), aim >= 0.85")
+        base = by.get((t.scenario, "max_fill"))
+        if t.mode == "off" and base is not None:
+            ratio_a = mean(t.billed_anthropic) / mean(base.billed_anthropic)
+            ratio_o = mean(t.billed_openai) / mean(base.billed_openai)
+            line(max(ratio_a, ratio_o) <= 0.35, f"{name}: billed input {ratio_a:.2f} (Anthropic) / {ratio_o:.2f} "
+                                                "(OpenAI) of max_fill's, aim <= 0.35")
+        print(f"- {name}: {100 * t.summaries / len(t.billed_anthropic):.1f} summaries per 100 turns")
 
 
 SMOOTHING = 25  # turns a plotted point averages
@@ -478,7 +572,7 @@ def measure(args: argparse.Namespace) -> list[Tally]:
                 for index, policy in enumerate(chosen):
                     env = {env_name(*setting): value for setting, value in policy.settings.items()}
                     channel = stack.enter_context(sidecar_process(Path(tmp) / f"{mode}-{index}",
-                                                                  flags + MODE_FLAGS[mode], env))
+                                                                  flags + MODE_FLAGS[mode], env, args.tree))
                     stubs[policy.label] = pb_grpc.ContextSidecarStub(channel)
                 for shape in shapes:
                     turns = turns_of(shape, args.turns, encoding)
@@ -509,7 +603,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=1000, help="turns of each run")
     parser.add_argument("--budgets", default="8000,32000", help="transcript token budgets, comma-separated")
-    parser.add_argument("--shapes", default=",".join(SHAPES), help="chat, tools, mixed")
+    parser.add_argument("--shapes", default=",".join(SHAPES), help="chat, tools, mixed, agent")
     parser.add_argument("--modes", default=",".join(MODES),
                         help="summaries: off, host (RecordSummary when due), builtin (the extractive summariser)")
     parser.add_argument("--trim-fractions", default="0.6",
@@ -524,6 +618,8 @@ def main() -> None:
                              "the caches last 1 s, so it takes the pending steps then. 0: no pauses")
     parser.add_argument("--idle-seconds", type=float, default=1.5,
                         help="how long a pause of --idle-every lasts (it stands for one past the providers' TTL)")
+    parser.add_argument("--tree", type=Path, default=None,
+                        help="run the sidecar of this source tree (fastcore compiled in place), e.g. main's")
     args = parser.parse_args()
     started = time.perf_counter()
     tallies = measure(args)
