@@ -2,7 +2,7 @@
 pure-Python twin ``_<name>_reference.py`` beside it:
 
 - ``_fastcore`` (twin ``_fastcore_reference``): transcript window selection (max-fill and
-  cache-stable), compaction cut, the log's own entries, code points;
+  cache-stable), the recent turns, compaction cut, the log's own entries, code points;
 - ``_search`` (twin ``_search_reference``): BM25 and cosine top-k for memory search;
 - ``_matcher`` (twin ``_matcher_reference``): the multi-pattern matcher behind secret redaction;
 - ``_entries`` (twin ``_entries_reference``): an append's new log entries, checked and made into
@@ -20,6 +20,7 @@ try:
         compaction_cut,
         count_code_points,
         own_entries,
+        recent_start,
         select_stable_window,
         select_window,
         splits_group,
@@ -33,5 +34,5 @@ except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
     ) from exc
 
 __all__ = ["NOT_A_UNIT", "RECORD_SIZE", "MultiMatcher", "bm25_top", "compaction_cut", "cosine_top",
-           "count_code_points", "event_record", "new_entries", "own_entries", "select_stable_window", "select_window",
-           "splits_group", "unchecked_events"]
+           "count_code_points", "event_record", "new_entries", "own_entries", "recent_start", "select_stable_window",
+           "select_window", "splits_group", "unchecked_events"]

@@ -245,11 +245,63 @@ def own_entries(const unsigned char[::1] records not None, int64_t base_seq):
     return found
 
 
+cdef inline bint _boundary(const unsigned char* p, Py_ssize_t j, Py_ssize_t n, Py_ssize_t floor,
+                           int64_t base_seq, const int64_t* suffix_min) noexcept nogil:
+    # A turn boundary that keeps every group whole (the caller never asks at 0 with records before).
+    if not (j == floor or j == n or _u32(p + (j - 1) * _RECORD_SIZE + 4) != _u32(p + j * _RECORD_SIZE + 4)):
+        return False
+    return suffix_min[j] >= base_seq + j
+
+
+def recent_start(const unsigned char[::1] records not None, int64_t base_seq, int64_t active_iteration,
+                 int64_t keep_turns, int64_t max_tokens, int64_t floor_seq=0):
+    """Where the recent turns start. See ``_fastcore_reference.recent_start`` for the contract."""
+    cdef Py_ssize_t n = records.shape[0] // _RECORD_SIZE
+    cdef const unsigned char* p = &records[0] if records.shape[0] > 0 else NULL
+    cdef Py_ssize_t floor = floor_seq - base_seq if floor_seq > base_seq else 0
+    cdef bint more_before = base_seq > floor_seq
+    cdef Py_ssize_t start = n, position
+    cdef int64_t total = 0
+    cdef bint need_more = 0
+    cdef int64_t* suffix_min = _suffix_min(p, n, base_seq, floor_seq)
+    if suffix_min == NULL:
+        raise MemoryError()
+    with nogil:
+        while start > floor and <int64_t>_u32(p + (start - 1) * _RECORD_SIZE + 4) > active_iteration - keep_turns:
+            start -= 1
+        while True:
+            if start == 0 and more_before:
+                need_more = 1  # the turn, or a group, may begin before these records
+                break
+            if _boundary(p, start, n, floor, base_seq, suffix_min):
+                break
+            start -= 1
+        if not need_more:
+            total = _capped_sum(p, start, n, 0xFFFFFFFF)
+            position = start
+            while position > floor:
+                position -= 1
+                total += _u32(p + position * _RECORD_SIZE)
+                if total > max_tokens:
+                    break  # every older boundary holds more still
+                if position == 0 and more_before:
+                    need_more = 1  # whether it is a boundary lies before these records
+                    break
+                if _boundary(p, position, n, floor, base_seq, suffix_min):
+                    start = position
+        free(suffix_min)
+    if need_more:
+        return None
+    return base_seq + start
+
+
 def select_stable_window(const unsigned char[::1] records not None, int64_t base_seq, int64_t active_iteration,
                          int64_t budget, int64_t max_events, int64_t floor_seq=0, prefix_tokens=(),
-                         int64_t previous_start=-1, int64_t previous_prefix_in=0, double trim_fraction=0.6):
-    """The cache-stable window: the previous start kept while everything fits, else one step
-    forward to ``trim_fraction`` of the bounds. See ``_fastcore_reference.select_stable_window``."""
+                         int64_t previous_start=-1, int64_t previous_prefix_in=0, double trim_fraction=0.6,
+                         int64_t keep_turns=1):
+    """The cache-stable window: the previous start kept while everything fits, else a summary
+    recorded since fed, else one step forward to ``trim_fraction`` of the bounds, never past the
+    recent turns. See ``_fastcore_reference.select_stable_window``."""
     chosen = select_window(records, base_seq, active_iteration, budget, max_events, floor_seq, prefix_tokens)
     if chosen is None:
         return None
@@ -306,14 +358,30 @@ def select_stable_window(const unsigned char[::1] records not None, int64_t base
             start += 1
         return (base_seq + start, mandatory_seq, fed_tokens, -1, summaries)
 
-    # Over a bound: one step forward, to the oldest position within the trimmed bounds.
+    if previous_start < floor_seq and chosen[4] > 0:
+        return chosen  # a summary recorded since: fed, with all it leaves
+    # Over a bound: one step forward, to the oldest position within the trimmed bounds, the
+    # recent turns kept.
     trim_tokens = <int64_t>(trim_fraction * budget)
     trim_events = 0
     if max_events > 0:
         trim_events = <int64_t>(trim_fraction * max_events)
         if trim_events < 1:
             trim_events = 1
+    recent = recent_start(records, base_seq, active_iteration, keep_turns, trim_tokens, floor_seq)
+    if recent is None:
+        return None
     mandatory_tokens = _capped_sum(p, mandatory, n, 0xFFFFFFFF)
-    if mandatory_tokens > trim_tokens:
-        return (mandatory_seq, mandatory_seq, mandatory_tokens, -1, 0)
-    return select_window(records, base_seq, active_iteration, trim_tokens, trim_events, floor_seq, prefix_tokens)
+    if mandatory_tokens <= trim_tokens:
+        trimmed = select_window(records, base_seq, active_iteration, trim_tokens, trim_events, floor_seq,
+                                prefix_tokens)
+        if trimmed is None:
+            return None
+        if trimmed[0] <= recent:
+            return trimmed
+    if chosen[0] >= recent:
+        return chosen  # the recent turns do not fit the budget: the newest events that do
+    start = <Py_ssize_t>(<int64_t>recent - base_seq)
+    while start < mandatory and _u32(p + start * _RECORD_SIZE + 8) == _NOT_A_UNIT:
+        start += 1
+    return (base_seq + start, mandatory_seq, _capped_sum(p, start, n, 0xFFFFFFFF), -1, 0)

@@ -220,10 +220,53 @@ def own_entries(records: bytes, base_seq: int) -> list[int]:
     return [base_seq + j for j, g in enumerate(group_first) if g == NOT_A_UNIT]
 
 
+def recent_start(records: bytes, base_seq: int, active_iteration: int, keep_turns: int, max_tokens: int,
+                 floor_seq: int = 0) -> int | None:
+    """Where the recent turns start: the seq of the first event of the last ``keep_turns`` turns
+    (iterations above ``active_iteration - keep_turns``, the active one among them) and of the
+    older whole turns that fit with them in ``max_tokens``: the oldest turn boundary at which the
+    window from there holds at most ``max_tokens``, when that is older. Only boundaries that split
+    no tool call from its result count (a call answered a turn later joins the two turns), and
+    ``floor_seq`` is one (older events are summarised; a turn cut by it counts from it). A move
+    of the window's start, a clearing and a summary never leave these turns out. None when the
+    answer depends on records older than ``base_seq``."""
+    tokens, iterations, group_first = _unpack(records)
+    n = len(tokens)
+    floor = max(floor_seq - base_seq, 0)
+    more_before = base_seq > floor_seq
+    group_first = [max(g, floor_seq) if g != NOT_A_UNIT else base_seq + j for j, g in enumerate(group_first)]
+
+    def boundary(j: int) -> bool:  # a turn boundary that keeps every group whole
+        turn_edge = j == floor or j == n or iterations[j - 1] != iterations[j]
+        return turn_edge and min(group_first[j:], default=base_seq + n) >= base_seq + j
+
+    start = n
+    while start > floor and iterations[start - 1] > active_iteration - keep_turns:
+        start -= 1
+    while True:
+        if start == 0 and more_before:
+            return None  # the turn, or a group, may begin before these records
+        if boundary(start):
+            break
+        start -= 1
+    total = sum(tokens[start:])
+    position = start
+    while position > floor:
+        position -= 1
+        total += tokens[position]
+        if total > max_tokens:
+            break  # every older boundary holds more still
+        if position == 0 and more_before:
+            return None  # whether it is a boundary lies before these records
+        if boundary(position):
+            start = position
+    return base_seq + start
+
+
 def select_stable_window(
     records: bytes, base_seq: int, active_iteration: int, budget: int, max_events: int,
     floor_seq: int = 0, prefix_tokens: Sequence[int] = (), previous_start: int = -1,
-    previous_prefix_in: int = 0, trim_fraction: float = 0.6,
+    previous_prefix_in: int = 0, trim_fraction: float = 0.6, keep_turns: int = 1,
 ) -> tuple[int, int, int, int, int] | None:
     """The cache-stable window: the previous window's start, kept while everything fits.
 
@@ -231,11 +274,19 @@ def select_stable_window(
     a window whose first entry moves every turn misses the cache on its whole history. This one
     keeps the start ``(previous_start, previous_prefix_in)`` of the previous window of the run
     (``previous_prefix_in`` summaries before the event at ``previous_start``) as long as the
-    window from it fits ``budget`` and ``max_events``; when it does not, the start moves forward
-    in one step to the oldest position whose window holds at most ``int(trim_fraction *
-    budget)`` tokens and ``int(trim_fraction * max_events)`` entries (at least 1; 0: no bound),
-    which is :func:`select_window`'s choice under those tighter bounds, or to the active turn
-    when that alone is over them. Every other rule is :func:`select_window`'s: the active turn
+    window from it fits ``budget`` and ``max_events``. When it does not:
+
+    - if a summary was recorded since (the previous start lies below ``floor_seq``, or there was
+      no previous window) and :func:`select_window` under ``budget`` feeds the newest summary,
+      that is the window: the summary breaks the cached prefix anyway, and it is fed;
+    - else the start moves forward in one step, to the oldest position whose window holds at
+      most ``int(trim_fraction * budget)`` tokens and ``int(trim_fraction * max_events)``
+      entries (at least 1; 0: no bound), which is :func:`select_window`'s choice under those
+      tighter bounds, but never past the recent turns (:func:`recent_start` with
+      ``keep_turns`` and those tokens): when they reach further back, the start is theirs, or,
+      when they do not fit ``budget``, :func:`select_window`'s under ``budget``.
+
+    Every other rule is :func:`select_window`'s: the active turn
     and its groups are in (clipped as it says when over ``budget``), a cut never splits a group
     (it moves newer), summaries come in only with every event from ``floor_seq`` on.
 
@@ -287,10 +338,25 @@ def select_stable_window(
             start += 1
         return base_seq + start, mandatory_seq, fed_tokens, -1, summaries
 
-    # Over a bound: one step forward, to the oldest position within the trimmed bounds.
+    if previous_start < floor_seq and chosen[4] > 0:
+        return chosen  # a summary recorded since: fed, with all it leaves
+    # Over a bound: one step forward, to the oldest position within the trimmed bounds, the
+    # recent turns kept.
     trim_tokens = int(trim_fraction * budget)
     trim_events = max(int(trim_fraction * max_events), 1) if max_events > 0 else 0
-    mandatory_tokens = sum(tokens[mandatory:])
-    if mandatory_tokens > trim_tokens:
-        return mandatory_seq, mandatory_seq, mandatory_tokens, -1, 0
-    return select_window(records, base_seq, active_iteration, trim_tokens, trim_events, floor_seq, prefix_tokens)
+    recent = recent_start(records, base_seq, active_iteration, keep_turns, trim_tokens, floor_seq)
+    if recent is None:
+        return None
+    if sum(tokens[mandatory:]) <= trim_tokens:
+        trimmed = select_window(records, base_seq, active_iteration, trim_tokens, trim_events, floor_seq,
+                                prefix_tokens)
+        if trimmed is None:
+            return None
+        if trimmed[0] <= recent:
+            return trimmed
+    if chosen[0] >= recent:
+        return chosen  # the recent turns do not fit the budget: the newest events that do
+    start = recent - base_seq
+    while start < mandatory and not is_unit[start]:
+        start += 1
+    return base_seq + start, mandatory_seq, sum(tokens[start:]), -1, 0

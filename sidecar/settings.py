@@ -81,7 +81,8 @@ class ContextSettings:
         32000, "transcriptTokenBudget: the most transcript tokens fed to one turn; runs may only "
         "set a tighter budget", minimum=1)
     keep_last_turns: int = _option(
-        3, "keepLastTurns: the most recent turns summaries never replace", minimum=0)
+        3, "keepLastTurns: the most recent turns summaries never replace, clearing never clears and a move of "
+        "the window's start never leaves out (the active turn among them)", minimum=0)
     keep_last_tokens: int = _option(
         0, "the most recent tokens summaries never replace (with keep_last_turns, the larger floor wins)",
         minimum=0)
@@ -90,7 +91,8 @@ class ContextSettings:
     summarization_strategy: str = _option(
         "sliding-window", "the summarization strategy new runs declare", choices=STRATEGIES)
     compaction_fraction: float = _option(
-        0.75, "compaction is due once the unsummarised transcript exceeds this fraction of the budget",
+        0.75, "compaction is due once the unsummarised transcript exceeds this fraction of the budget (and a "
+        "summary of its candidates would be fed in the next window)",
         minimum=0.01, maximum=1.0)
     summariser: str = _option(
         "none", "'extractive': the sidecar records a deterministic extractive summary itself when "
@@ -105,7 +107,9 @@ class ContextSettings:
         "would pass the budget; 'max_fill' takes the oldest start that fits, every turn", choices=WINDOW_POLICIES)
     trim_to_fraction: float = _option(
         0.6, "cache_stable: when the window would pass a bound, its start moves to the oldest position "
-        "within this fraction of the budget (and of transcript_window)", minimum=0.05, maximum=1.0)
+        "within this fraction of the budget (and of transcript_window), never past the recent turns; under "
+        "both policies, the recent turns are the last keep_last_turns and the whole turns that fit with them "
+        "in this fraction of the budget", minimum=0.05, maximum=1.0)
     max_event_bytes: int = _option(
         1024 * 1024, "largest event content accepted, in UTF-8 bytes", minimum=1, size=True)
     # A turn appends tens of events and a bulk import a few thousand; 10,000 in one call is

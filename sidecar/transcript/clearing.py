@@ -62,7 +62,7 @@ from sidecar.transcript.schema import (
     read_event,
     window_at,
 )
-from sidecar.transcript.summaries import append_compaction, in_force
+from sidecar.transcript.summaries import append_compaction, in_force, kept_turns
 from sidecar.transcript.window import clip_frame
 
 CLEARED_TYPE = "context.cleared"
@@ -177,7 +177,8 @@ def _clear(deps: Deps, settings: ClearingSettings, writer: LogWriter, iteration:
         start = max(start, last.start)
     # Every turn asks, and most turns stop at the trigger: the count records' columns as arrays
     # (tokens, group_first), so that the sum and the scans run in C.
-    columns = count_columns(read_counts(txn, db, key, start, end))
+    counts = read_counts(txn, db, key, start, end)
+    columns = count_columns(counts)
     weights, groups = columns[0::3], columns[2::3]
     fed = sum(weights)
     if fastcore.NOT_A_UNIT in groups:  # the sidecar's own entries weigh nothing (in C: one per summary)
@@ -189,6 +190,18 @@ def _clear(deps: Deps, settings: ClearingSettings, writer: LogWriter, iteration:
     # Tool results answering a call before them: their group starts at the call.
     answered = [seq for seq, group_first in enumerate(groups, start)
                 if group_first < seq and group_first != fastcore.NOT_A_UNIT]
+    # Never a result of the recent turns (none when they reach back past the window's start);
+    # the newest keep_recent results of all are never cleared either, theirs counted first.
+    recent = fastcore.recent_start(counts, start, iteration, kept_turns(run.settings),
+                                   int(run.settings.trim_to_fraction * budget), top.to_seq if top else 0)
+    if recent is None:
+        return False
+    keep_older = settings.keep_recent
+    for seq in reversed(answered):
+        if seq < recent or not keep_older:
+            break
+        keep_older -= read_event(txn, db, key, seq).role == "tool"
+    answered = [seq for seq in answered if seq < recent]
     if not answered:
         return False
     # Only tool results are ever cleared, so a result already cleared needs no decoding to be
@@ -203,7 +216,7 @@ def _clear(deps: Deps, settings: ClearingSettings, writer: LogWriter, iteration:
         record = read_event(txn, db, key, seq)
         if record.role == "tool":
             results.append(record)
-    clearable = results[:max(len(results) - settings.keep_recent, 0)]
+    clearable = results[:max(len(results) - keep_older, 0)]
     if not clearable:
         return False
     counter = deps.counters.get(run.settings.token_counter)
@@ -224,8 +237,12 @@ def _clear(deps: Deps, settings: ClearingSettings, writer: LogWriter, iteration:
         if freed >= target:
             break
     # A smaller step only instead of a move of the window's start, which would break the cache at
-    # its first entry, before any result (a summarising run moves its start by summaries).
-    averts_a_move = not run.settings.summarization and fed - freed <= budget < fed
+    # its first entry, before any result (a summarising run moves its start by summaries), and
+    # only when it leaves as much room as the move would: the recent turns' results are never
+    # cleared, so a small step would be followed by another a few turns later, each re-billing
+    # most of the window.
+    averts_a_move = not run.settings.summarization and fed - freed <= budget < fed and \
+        freed >= budget - int(run.settings.trim_to_fraction * budget)
     if not changes or (freed < step and not averts_a_move and not cold):
         return False
     _record(writer, CLEARED_TYPE, "cleared", iteration, changes)

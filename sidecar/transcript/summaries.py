@@ -65,6 +65,7 @@ NO_SUMMARY = -1  # ``below`` of the oldest summary in force
 _HEAD = struct.Struct(">BiIIB")  # layout, below, depth, tokens_after, len(ref)
 _LAYOUT = 2  # layout 1: a JSON object with the whole stack, its first byte "{"
 WALKED_PER_RUN = 65_536  # summaries kept of one run before its walks start afresh
+MAX_TOKENS = 1 << 62  # no bound on what one summary may replace
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,7 +225,7 @@ def feedable_tokens(txn: Txn, db: dict, key: bytes, top: Summary | None, budget:
 class Candidates:
     """What may be summarised at an iteration, and the built-in choice among it."""
 
-    # Every summarisable event, a budget's worth at most ("recursive": the summary in force first).
+    # Every event older than the recent turns, groups whole ("recursive": the summary in force first).
     ids: tuple[str, ...]
     tokens_before: int  # the ids' tokens
     # The tokens of the transcript no summary replaced yet (as fed: cleared results weigh their placeholder).
@@ -235,6 +236,8 @@ class Candidates:
     # when none is), and what the active turn and the verbatim floor hold.
     since_summary: int = 0
     protected: int = 0
+    cut: int = 0  # one past the last candidate: the floor once they are summarised
+    left: int = 0  # the tokens of [cut, end): what a summary of the candidates leaves verbatim
 
 
 def load_summary(txn: Txn, db: dict, key: bytes, index: int) -> Summary:
@@ -595,21 +598,41 @@ def _recorded_with(txn: Txn, db: dict, key: bytes, run: Run,
 
 def candidates(deps: Deps, txn: Txn, key: bytes, run: Run, iteration: int, budget: int,
                top: Summary | None, end: int) -> Candidates:
-    """What the built-in policy would summarise: all that may be (outside the verbatim floor and
-    the active turn, groups whole), at most a budget's worth, and, for ``recursive``, the summary
-    in force first. All of it, not a part: each summary breaks the window's cached prefix once,
-    so one big step costs less than several small ones, and it leaves the summary room to be fed."""
+    """What the built-in policy would summarise: every event older than the recent turns
+    (:func:`recent_from`) and the verbatim floor, groups whole, and, for ``recursive``, the
+    summary in force first. As far as that, no further: the window then holds the summary and
+    the recent turns, near trim_to_fraction of the budget; and no less: a summary is fed only
+    with every event after it, so one that left older events out of the window beside it would
+    not be fed."""
     floor = top.to_seq if top else 0
     counts = read_counts(txn, deps.db, key, floor, end)
-    protect = protected_from(deps, txn, key, run, iteration, counts, floor)
-    cut, tokens_before, unsummarised = fastcore.compaction_cut(counts, floor, floor, protect, budget, True)
+    verbatim = protected_from(deps, txn, key, run, iteration, counts, floor)
+    protect = min(verbatim, recent_from(run.settings, counts, floor, iteration, budget))
+    cut, tokens_before, unsummarised = fastcore.compaction_cut(counts, floor, floor, protect, MAX_TOKENS, True)
     since_summary = _tokens_between(counts, floor, top.seq + 1, end) if top else unsummarised
-    protected = _tokens_between(counts, floor, max(protect, floor), end)
+    protected = _tokens_between(counts, floor, max(verbatim, floor), end)
     ids = tuple(host_event_ids(txn, deps.db, key, floor, cut))
     if ids and top and run.settings.summarization_strategy == "recursive":
         return Candidates((top.ref, *ids), tokens_before + top.tokens_after, unsummarised, floor, protect,
-                          since_summary, protected)
-    return Candidates(ids, tokens_before, unsummarised, floor, protect, since_summary, protected)
+                          since_summary, protected, cut, unsummarised - tokens_before)
+    return Candidates(ids, tokens_before, unsummarised, floor, protect, since_summary, protected, cut,
+                      unsummarised - tokens_before)
+
+
+def kept_turns(settings: RunSettings) -> int:
+    """The turns a window always keeps when they fit the budget: the last keep_last_turns, the
+    active one among them."""
+    return max(settings.keep_last_turns, 1)
+
+
+def recent_from(settings: RunSettings, counts: bytes, base_seq: int, iteration: int, budget: int) -> int:
+    """Where the recent turns of ``iteration`` start: its last keep_last_turns turns (itself among
+    them) and the older whole turns that fit with them in trim_to_fraction of ``budget``, as fed
+    now. ``counts`` hold the log from ``base_seq`` (the floor) to its end."""
+    recent = fastcore.recent_start(counts, base_seq, iteration, kept_turns(settings),
+                                   int(settings.trim_to_fraction * budget), base_seq)
+    assert recent is not None  # the counts begin at the floor, below which nothing is a turn's
+    return recent
 
 
 def _tokens_between(counts: bytes, base_seq: int, start: int, end: int) -> int:

@@ -66,8 +66,10 @@ from sidecar.transcript.window import (
     ReadBack,
     TranscriptWindow,
     effective_budget,
+    fed_next,
     from_record,
     plan,
+    summary_room,
     window_record,
 )
 
@@ -363,12 +365,10 @@ class Turn:
             # Asking every turn could not help (nothing may be summarised, or what may not alone passes
             # the trigger, so no summary brings the transcript under it): say why once (until another
             # summary is recorded).
-            under = top.index if top else -1
-            previous = previous_window(txn, self._db, self.key, self.iteration)
-            said = previous is not None and previous.compaction is not None and \
-                previous.compaction.said_under == under
-            return Compaction(False, reason="" if said else _nothing_to_summarise(found, run, chosen.budget, fraction),
-                              said_under=under), None
+            return self._said_once(txn, top, lambda: _nothing_to_summarise(found, run, chosen.budget, fraction)), None
+        if not fed_next(self._deps, txn, self.key, run, self.iteration, chosen, top, found):
+            # A summary the next window would not feed is a model call paid for nothing.
+            return self._said_once(txn, top, lambda: _not_fed(found, run, chosen)), None
         if not summarise:
             return Compaction(True, found.ids, found.tokens_before), None
         choice = policy.summarise(SummariseInput(
@@ -378,6 +378,13 @@ class Turn:
             return Compaction(True, found.ids, found.tokens_before), choice
         return Compaction(True, choice.replace_ids, tokens_of(self._deps, txn, self.key, top, choice.replace_ids)), \
             choice
+
+    def _said_once(self, txn: Txn, top: Summary | None, reason: Callable[[], str]) -> Compaction:
+        """Not due, and why, said on the first such turn under the summary in force only."""
+        under = top.index if top else -1
+        previous = previous_window(txn, self._db, self.key, self.iteration)
+        said = previous is not None and previous.compaction is not None and previous.compaction.said_under == under
+        return Compaction(False, reason="" if said else reason(), said_under=under)
 
     def _summarisable(self, txn: Txn, found: Candidates) -> tuple[HistoryEvent, ...]:
         events = (decode_event(record) for record in read_records(txn, self._db, self.key, found.floor, found.protect))
@@ -436,6 +443,16 @@ def _nothing_to_summarise(found: Candidates, run: Run, budget: int, fraction: fl
                 f"keep fewer turns")
     return (f"nothing_summarisable: {found.unsummarised} unsummarised tokens pass the compaction trigger of "
             f"{trigger}, but every older event belongs to a tool call whose results lie in the protected turns")
+
+
+def _not_fed(found: Candidates, run: Run, chosen: Plan) -> str:
+    settings = run.settings
+    return (f"summary_would_not_be_fed: a summary of the events before the recent turns (the last keep_last_turns "
+            f"{settings.keep_last_turns} turns and the whole turns within trim_to_fraction {settings.trim_to_fraction} "
+            f"of the budget {chosen.budget}) would not be fed in the next window: the {found.left} tokens it leaves "
+            f"verbatim and {summary_room(run, chosen.budget)} for the summary and the next turn pass the budget. The "
+            f"window still keeps within its budget; for summaries to help, keep fewer turns or give the run a larger "
+            f"budget")
 
 
 def _tighter(max_transcript_tokens: int | None, layout: Layout) -> int:

@@ -8,6 +8,7 @@ for every event below their floor. What was fed is persisted per iteration, so t
 
 from __future__ import annotations
 
+import struct
 from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -16,7 +17,7 @@ import fastcore
 from sidecar.caching import Cache, Caches, CacheSpec, text_bytes
 from sidecar.context_window.rendering import CLIPPED_ARGUMENTS
 from sidecar.errors import TokenBudgetExceeded, TranscriptWindowExceeded
-from sidecar.storage.codec import StoredEvent, decode_event
+from sidecar.storage.codec import StoredEvent, decode_event, pack_count
 from sidecar.storage.environment import after_commit
 from sidecar.storage.keys import Txn
 from sidecar.telemetry.tracing import phase
@@ -35,20 +36,25 @@ from sidecar.transcript.schema import (
     leave_out,
     log_entries_in,
     previous_window,
+    read_counts,
     read_ids,
     read_records,
 )
 from sidecar.transcript.summaries import (
     NO_SUMMARY,
+    Candidates,
     InForce,
     Summary,
     feedable_tokens,
     in_force,
+    kept_turns,
     load_summary,
     newest_in_force,
     read_artifacts,
 )
 from sidecar.validation import MAX_COUNT
+
+_COUNT = struct.Struct("<III")  # a count record: tokens, iteration, group_first
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,7 +168,9 @@ def _plan(deps: Deps, txn: Txn, key: bytes, run: Run, iteration: int,
     base = first_chunk * CHUNK_EVENTS if end > floor else end
     stable = settings.window_policy == "cache_stable"
     if stable:
-        previous_start, previous_prefix_in = previous_window_start(txn, deps.db, key, iteration)
+        previous_start, previous_prefix_in, previous_top = previous_window_start(txn, deps.db, key, iteration)
+        if top is not None and top.index != previous_top and previous_start <= floor:
+            previous_start = -1  # a summary recorded since, of all before the window: it is fed
         if floor < previous_start < end:
             # The window reaches back to the previous start at least: read from there at once.
             first_chunk = max(floor_chunk, min(last_chunk, (previous_start - 1) // CHUNK_EVENTS))
@@ -172,8 +180,10 @@ def _plan(deps: Deps, txn: Txn, key: bytes, run: Run, iteration: int,
         if stable:
             chosen = fastcore.select_stable_window(records, base, iteration, budget, settings.transcript_window, floor,
                                                    prefix, previous_start, previous_prefix_in,
-                                                   settings.trim_to_fraction)
-            if cold and chosen is not None:
+                                                   settings.trim_to_fraction, kept_turns(settings))
+            if cold and chosen is not None and not (previous_start == -1 and chosen[4] > 0 and top is not None
+                                                    and top.index != previous_top):
+                # (a summary recorded since is fed where it lands: it is the step a cold turn takes)
                 chosen = _moved_while_cold(chosen, records, base, iteration, budget, settings, floor, prefix)
         else:
             chosen = fastcore.select_window(records, base, iteration, budget, settings.transcript_window, floor,
@@ -204,7 +214,7 @@ def _moved_while_cold(chosen: tuple, records: bytes, base: int, iteration: int, 
                       floor: int, prefix: Sequence[int]) -> tuple | None:
     """A cache-stable window on a cold turn: a start past which the window holds more than
     trim_to_fraction of the budget (or of transcript_window) moves now, where the budget will
-    move it (the oldest start within those bounds), since this request re-bills its history
+    move it (the oldest start within those bounds, never past the recent turns), since this request re-bills its history
     anyway; None when the records do not reach back far enough (the caller reads more)."""
     start, mandatory, tokens, cap, prefix_in = chosen
     trimmed_budget = max(1, int(settings.trim_to_fraction * budget))
@@ -216,17 +226,63 @@ def _moved_while_cold(chosen: tuple, records: bytes, base: int, iteration: int, 
     if moved is None:
         return None
     # The active turn alone over the tighter bounds would be clipped there: the start stays.
-    return chosen if moved[3] >= 0 or moved[0] < start else moved
+    if moved[3] >= 0 or moved[0] < start:
+        return chosen
+    # Never past the recent turns: as far as their start, when that moves it at all.
+    recent = fastcore.recent_start(records, base, iteration, kept_turns(settings), trimmed_budget, floor)
+    if recent is None:
+        return None
+    if moved[0] <= recent:
+        return moved
+    if recent <= start:
+        return chosen
+    first = recent - base
+    while first < mandatory - base and \
+            _COUNT.unpack_from(records, first * fastcore.RECORD_SIZE)[2] == fastcore.NOT_A_UNIT:
+        first += 1  # the window starts at a transcript event
+    tokens = sum(count for count, _, _ in _COUNT.iter_unpack(records[first * fastcore.RECORD_SIZE:]))
+    return base + first, mandatory, tokens, -1, 0
 
 
-def previous_window_start(txn: Txn, db: dict, key: bytes, iteration: int) -> tuple[int, int]:
-    """Where the run's window before ``iteration`` started: its first event's seq and how many
-    summaries came before it; (-1, 0) when there is none. A cache-stable window keeps that start
-    while everything fits."""
+def summary_room(run: Run, budget: int) -> int:
+    """What a summary asked for and the next turn's events may take together, for the summary to
+    be fed in the next window: what trim_to_fraction of the budget leaves."""
+    return budget - int(run.settings.trim_to_fraction * budget)
+
+
+def fed_next(deps: Deps, txn: Txn, key: bytes, run: Run, iteration: int, chosen: Plan, top: Summary | None,
+             found: Candidates) -> bool:
+    """Whether a summary of ``found`` recorded for the iteration after ``iteration`` would be fed in
+    its window, when the summary and that iteration's events take :func:`summary_room` together:
+    that window chosen as :func:`plan` would, over the log as it stands, one more turn and the
+    summary in force (``chosen`` the window of ``iteration``, where a cache-stable one starts from)."""
+    settings = run.settings
+    budget = chosen.budget
+    records = read_counts(txn, deps.db, key, found.cut, chosen.end) + pack_count(0, iteration + 1, chosen.end)
+    stack = feedable_tokens(txn, deps.db, key, top, budget, settings.transcript_window, run.incarnation)
+    if top is not None and found.ids[:1] == (top.ref,):
+        stack = stack[:-1]  # a recursive summary replaces the one in force
+    prefix = (*stack, summary_room(run, budget))
+    if settings.window_policy == "cache_stable":
+        # As plan would: a window that started at or before the summary's end has it fed first.
+        start = chosen.start if chosen.start > found.cut else -1
+        next_window = fastcore.select_stable_window(records, found.cut, iteration + 1, budget,
+                                                    settings.transcript_window, found.cut, prefix, start,
+                                                    chosen.prefix_in, settings.trim_to_fraction, kept_turns(settings))
+    else:
+        next_window = fastcore.select_window(records, found.cut, iteration + 1, budget, settings.transcript_window,
+                                             found.cut, prefix)
+    return next_window is not None and next_window[3] < 0 and next_window[4] > 0
+
+
+def previous_window_start(txn: Txn, db: dict, key: bytes, iteration: int) -> tuple[int, int, int]:
+    """Where the run's window before ``iteration`` started: its first event's seq, how many
+    summaries came before it, and the summary in force then (-1: none); (-1, 0, -1) when there is
+    none. A cache-stable window keeps that start while everything fits."""
     record = previous_window(txn, db, key, iteration)
     if record is None:
-        return -1, 0
-    return record.start, len(record.summaries)
+        return -1, 0, -1
+    return record.start, len(record.summaries), record.plan[5]
 
 
 def host_events(txn: Txn, db: dict, key: bytes, run: Run, start: int, end: int) -> int:

@@ -11,7 +11,7 @@ import json
 import grpc
 import pytest
 
-from benchmarks.prompt_cache import AnthropicCache, TokenCache, anthropic_blocks
+from benchmarks.prompt_cache import ANTHROPIC_MIN_CACHEABLE, AnthropicCache, TokenCache, anthropic_blocks
 from sidecar.context_window.rendering import CONTINUED, NO_MESSAGES, NO_RESULT
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.settings import ConfigError, load_settings
@@ -398,8 +398,11 @@ def test_a_clearing_turn_reads_every_block_before_what_it_cleared(start_server, 
             assert changed - 1 in message_breakpoints(before), (i, changed, message_breakpoints(before))
             blocks = anthropic_blocks(answer.rendered, tokens)
             unchanged = len(blocks) - len(new) + changed  # the tools, the system blocks, the history before the change
-            assert bill.cached == sum(block.size for block in blocks[:unchanged]), i
-            checked += 1
+            before_change = sum(block.size for block in blocks[:unchanged])
+            # (a prefix too short for the provider to cache: a clearing early in a moved window)
+            if before_change >= ANTHROPIC_MIN_CACHEABLE:
+                assert bill.cached == before_change, i
+                checked += 1
         assert all_breakpoints(answer) <= 4
         before = answer
     assert checked >= 2, "clearings were seen"

@@ -163,11 +163,49 @@ def test_window_with_summaries_against_reference_and_oracle() -> None:
         check_one(records, active, budget, max_events, floor, prefix)
 
 
+def recent_oracle(records, active: int, keep_turns: int, max_tokens: int, floor: int) -> int:
+    """The recent turns' start, restated over every position: the turn boundaries at or above the
+    floor that split no group; of them, the largest at or before the last ``keep_turns`` turns,
+    or the smallest whose suffix fits ``max_tokens`` when that is smaller."""
+    n = len(records)
+    tokens = [r[0] for r in records]
+    group = [max(r[2], floor) if r[2] != SKIP else j for j, r in enumerate(records)]
+    boundaries = [j for j in range(floor, n + 1)
+                  if (j == floor or j == n or records[j - 1][1] != records[j][1])
+                  and all(group[k] >= j for k in range(j, n))]
+    kept = next((j for j in range(floor, n + 1) if all(r[1] > active - keep_turns for r in records[j:])), n)
+    start = max(j for j in boundaries if j <= kept)
+    return min([start] + [j for j in boundaries if sum(tokens[j:]) <= max_tokens])
+
+
+def check_recent(records, active: int, keep_turns: int, max_tokens: int, floor: int) -> None:
+    packed = pack(records)
+    args = (active, keep_turns, max_tokens, floor)
+    compiled = fastcore.recent_start(packed, 0, *args)
+    assert compiled == _reference.recent_start(packed, 0, *args) == recent_oracle(records, *args), (records, args)
+    for base in sorted({len(records) // 2, max(len(records) - 3, 0), len(records) - 1}):
+        if base <= 0:
+            continue
+        partial = fastcore.recent_start(packed[base * PACK.size:], base, *args)
+        assert partial == _reference.recent_start(packed[base * PACK.size:], base, *args)
+        assert partial is None or partial == compiled, (records, args, base)
+
+
+def test_recent_turns_random_against_reference_and_oracle() -> None:
+    rng = random.Random(23)
+    for _ in range(2500):
+        records = make_transcript(rng, rng.randrange(1, 50), with_log_entries=rng.random() < 0.5)
+        active = records[-1][1] if rng.random() < 0.8 else records[-1][1] + 1
+        floor = rng.randrange(0, len(records)) if rng.random() < 0.3 else 0
+        check_recent(records, active, rng.choice((1, 1, 2, 3, 10)), rng.choice((0, 10, 100, 500, 3000)), floor)
+
+
 def stable_oracle(records, active: int, budget: int, max_events: int, floor: int, prefix: tuple[int, ...],
-                  previous: int, previous_prefix_in: int, fraction: float):
+                  previous: int, previous_prefix_in: int, fraction: float, keep_turns: int = 1):
     """The cache-stable rule, restated by brute force over every position (summaries at the floor,
-    then event cuts), oldest first: keep the previous start while its window fits, else the
-    oldest position within the trimmed bounds."""
+    then event cuts), oldest first: keep the previous start while its window fits; else, a
+    summary recorded since, max-fill's window when it feeds one; else the oldest position within
+    the trimmed bounds, or the recent turns' start when it is older and fits the budget."""
     expected = oracle(records, active, budget, max_events, floor, prefix)
     if expected[0] == "clip":
         return expected
@@ -201,16 +239,27 @@ def stable_oracle(records, active: int, budget: int, max_events: int, floor: int
         while cut < mandatory and not unit[cut]:
             cut += 1
         return "window", cut, mandatory, fed, at[1]
+    if previous < floor and expected[4] > 0:
+        return expected
     trim_tokens = int(fraction * budget)
     trim_events = max(int(fraction * max_events), 1) if max_events else 0
-    if sum(tokens[mandatory:]) > trim_tokens:
-        return "window", mandatory, mandatory, sum(tokens[mandatory:]), 0
-    return oracle(records, active, trim_tokens, trim_events, floor, prefix)
+    recent = recent_oracle(records, active, keep_turns, trim_tokens, floor)
+    if sum(tokens[mandatory:]) <= trim_tokens:
+        trimmed = oracle(records, active, trim_tokens, trim_events, floor, prefix)
+        if trimmed[1] <= recent:
+            return trimmed
+    if expected[1] >= recent:
+        return expected
+    cut = recent
+    while cut < mandatory and not unit[cut]:
+        cut += 1
+    return "window", cut, mandatory, sum(tokens[cut:]), 0
 
 
-def check_stable(records, active, budget, max_events, floor, prefix, previous, previous_prefix_in, fraction) -> None:
+def check_stable(records, active, budget, max_events, floor, prefix, previous, previous_prefix_in, fraction,
+                 keep_turns=1) -> None:
     packed = pack(records)
-    args = (active, budget, max_events, floor, prefix, previous, previous_prefix_in, fraction)
+    args = (active, budget, max_events, floor, prefix, previous, previous_prefix_in, fraction, keep_turns)
     compiled = fastcore.select_stable_window(packed, 0, *args)
     assert compiled == _reference.select_stable_window(packed, 0, *args), (records, args)
     start, mandatory, total, cap, prefix_in = compiled
@@ -241,7 +290,8 @@ def test_stable_window_random_against_reference_and_oracle() -> None:
         # Previous starts anywhere: none, below the floor, at it, inside a group, past the active turn.
         previous = rng.choice((-1, rng.randrange(0, len(records) + 1), floor, max(floor - 1, 0)))
         check_stable(records, active, rng.choice((1, 10, 100, 500, 1000, 5000)), rng.choice((0, 0, 1, 3, 10)),
-                     floor, prefix, previous, rng.randrange(0, 5), rng.choice((0.3, 0.5, 0.6, 0.8, 1.0)))
+                     floor, prefix, previous, rng.randrange(0, 5), rng.choice((0.3, 0.5, 0.6, 0.8, 1.0)),
+                     rng.choice((1, 1, 2, 3, 10)))
 
 
 def test_a_stable_window_keeps_its_start_until_the_budget_forces_one_step() -> None:

@@ -80,7 +80,7 @@ def drive(stub, run_id: str, turns: range, attempt: str) -> dict[int, pb.Assembl
 
 def open_run(stub, run_id: str) -> None:
     stub.OpenRun(pb.OpenRunRequest(run_id=run_id, token_counter="o200k_base", transcript_token_budget=BUDGET,
-                                   keep_last_turns=3, summarization_supported=True))
+                                   keep_last_turns=1, summarization_supported=True))
 
 
 def fed(answer: pb.AssembleContextResponse) -> tuple:

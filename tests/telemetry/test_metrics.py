@@ -128,7 +128,7 @@ def test_a_scraped_sidecar_counts_what_its_calls_did(tmp_path: Path) -> None:
         answers.append(stub.AssembleContext(pb.AssembleContextRequest(run_id=RUN, iteration=7, append_events=[
             pb.Event(event_id="u7", role="user", content="And clause 7?")])))
         answers.append(stub.AssembleContext(pb.AssembleContextRequest(run_id=RUN, iteration=7)))  # again: as fed
-        stub.OpenRun(pb.OpenRunRequest(run_id=TOOL_RUN, transcript_token_budget=8000))
+        stub.OpenRun(pb.OpenRunRequest(run_id=TOOL_RUN, transcript_token_budget=16_000))
         for turn in range(1, 21):
             answers.append(stub.AssembleContext(pb.AssembleContextRequest(run_id=TOOL_RUN, iteration=turn,
                                                                           append_events=tool_turn(turn))))

@@ -69,7 +69,10 @@ def test_a_turn_after_the_cache_expired_takes_the_pending_steps(start_server, cl
     assert (cold_turn.cache.break_reason, cold_turn.cache.stable_prefix_tokens, cold_turn.cache.break_at) == \
         ("cache_expired", 0, 0)
     if clearing:
-        assert cleared(cold_turn) > cleared(before), "old tool results are cleared now"
+        # Old results are cleared now; the recent turns' results never are, so when clearing the
+        # older ones does not bring the window within trim_to_fraction, its start moves too.
+        assert cleared(cold_turn) > cleared(before) or cold_turn.event_ids[0] != before.event_ids[0], \
+            "old tool results are cleared now, or the window's start moved"
     else:
         assert cold_turn.event_ids[0] != before.event_ids[0], "the window's start moved now"
     assert cold_turn.token_count <= 0.6 * BUDGET + sum(e.tokens for e in cold_turn.appended)

@@ -138,9 +138,12 @@ def check_replayed(stub, case: Case, from_seq: int, first_turn: int,
     assert len(pending) >= 2, "the fork has summaries to reuse"
     source_records = compactions_of(stub, "source")
     cleared = [r.seq for r in source_records if r.kind == "cleared"]
-    if case.clearing:  # else the case would not show what clearing does to a replay
+    if case.clearing and case.result_words != REPORTED_RESULTS:
+        # Else the case would not show what clearing does to a replay. The reported run clears
+        # nothing before its last summary since results of the recent turns are never cleared (at
+        # 4,000 tokens they hold nearly every result in its window); the varied runs do.
         assert any(from_seq <= seq < pending[-1][0] for seq in cleared), "the source cleared results while replayed"
-    else:
+    elif not case.clearing:
         assert not cleared
     assert summaries_of(stub, "fork") == source_summaries
     assert [(e.event_id, e.content) for e in all_events(stub, "fork")] == \

@@ -185,13 +185,14 @@ def test_compaction_is_signalled_and_its_candidates_are_accepted(make_transcript
         signals.append(window.compaction)
     assert not signals[0].due and signals[-1].due  # 8 turns > 5 turns' worth
     due = signals[-1]
-    # All that may be summarised, in one step (turns 7-8 are the verbatim floor), groups whole.
-    assert due.candidate_ids == tuple(f"{kind}{turn}" for turn in range(1, 7) for kind in "ucr")
-    assert due.tokens_before == 6 * turn_tokens
+    # All that lies before the recent turns, in one step, groups whole: turns 7-8 are the verbatim
+    # floor, and turns 5-6 fit with them in trim_to_fraction (0.6) of the budget, 4 turns' worth.
+    assert due.candidate_ids == tuple(f"{kind}{turn}" for turn in range(1, 5) for kind in "ucr")
+    assert due.tokens_before == 4 * turn_tokens
     summary, _, _ = transcripts.record_summary(TENANT, "run", SummaryRequest(9, due.candidate_ids, "s" * 20, ""))
-    assert summary.tokens_before == 6 * turn_tokens
+    assert summary.tokens_before == 4 * turn_tokens
     window, _ = assemble(transcripts, TENANT, "run", 9, [event("u9", 9)])
-    assert window.event_ids[0] == summary.ref and window.token_count == 20 + 2 * turn_tokens + 10
+    assert window.event_ids[0] == summary.ref and window.token_count == 20 + 4 * turn_tokens + 10
     # Not due again until a trigger's worth (5 turns) of transcript came after the summary; then
     # the candidates start where the summary ended.
     assert not window.compaction.due
@@ -200,7 +201,7 @@ def test_compaction_is_signalled_and_its_candidates_are_accepted(make_transcript
             event(f"u{turn}", turn), event(f"c{turn}", turn, type="tool_call", call_id=f"k{turn}"),
             event(f"r{turn}", turn, role="tool", type="tool_result", call_id=f"k{turn}")])
         assert window.compaction.due == (turn == 14), turn  # u9 and turns 10-14 pass 5 turns' worth
-    assert window.compaction.candidate_ids[:4] == ("u7", "c7", "r7", "u8")
+    assert window.compaction.candidate_ids[:4] == ("u5", "c5", "r5", "u6")
 
 
 def test_the_built_in_summariser_keeps_a_long_run_in_budget(make_transcripts, counters) -> None:
@@ -208,6 +209,7 @@ def test_the_built_in_summariser_keeps_a_long_run_in_budget(make_transcripts, co
                                    window_policy="max_fill")
     transcripts.open_run(TENANT, "run", token_counter="o200k_base", summarization=True)
     count = counters.get("o200k_base").count
+    summaries = []
     for turn in range(1, 41):
         window, _ = assemble(transcripts, TENANT, "run", turn, [
             event(f"u{turn}", turn, f"Question {turn}: how should the agent handle case {turn * 13}?"),
@@ -215,8 +217,8 @@ def test_the_built_in_summariser_keeps_a_long_run_in_budget(make_transcripts, co
                   role="assistant")])
         assert window.token_count == sum(count(e.text) for e in window.entries()) <= 300
         assert f"u{turn}" in window.event_ids and f"a{turn - 1}" in window.event_ids[1:] if turn > 1 else True
-    summaries = [e for e in window.entries() if e.event.type == "context.summary"]
-    assert summaries, "the sidecar summarised by itself"
+        summaries += [e for e in window.entries() if e.event.type == "context.summary"]
+    assert summaries, "the sidecar summarised by itself, and its summaries were fed"
     assert summaries[0].text.startswith("Summary of ")
     assert transcripts.get_artifact(TENANT, "run", summaries[0].event.event_id).content == summaries[0].text
     assert any(e.type == "context.summarized" for e in transcripts.list_events(TENANT, "run", 0, 1000)[0])
