@@ -15,7 +15,6 @@ Every request goes to all three sidecars, whose answers (or errors) must be equa
 from __future__ import annotations
 
 import json
-import os
 import random
 from dataclasses import dataclass, field
 
@@ -34,12 +33,6 @@ WORDS = ("refund", "policy", "order", "shipping", "invoice", "customer", "line",
 TOOLS = ("search", "read_file", "list_dir")
 RESULT_WORDS = {"tiny": (1, 6), "small": (10, 60), "medium": (80, 400), "huge": (1500, 6000)}
 
-# Properties that fail today because of an issue-23 item a colleague is fixing: checked only when
-# SIDECAR_SPEC_CHECK_KNOWN=1 (the long command can turn them on). Each names its item.
-KNOWN_OPEN = {
-    "summary_fed": "issue 23 item 6: summaries asked for and never fed (compaction.due is being changed)",
-}
-CHECK_KNOWN = os.environ.get("SIDECAR_SPEC_CHECK_KNOWN") == "1"
 RENDERS = ["", "", "openai_responses", "anthropic_messages"]
 
 
@@ -298,9 +291,9 @@ class SpecificationMachine(RuleBasedStateMachine):
         self.check_model(run, answer, log, max_tokens)
         self.check_replay(run, answer)
         if run.asked is not None and run.asked[0] == answer.iteration:
-            if CHECK_KNOWN:
-                assert run.asked[1] in refs, f"the summary asked for and recorded ({run.asked[1]}) is fed at " \
-                                             f"iteration {answer.iteration}: {KNOWN_OPEN['summary_fed']}"
+            # compaction.due is said only when a summary of the candidates is fed in the next window.
+            assert run.asked[1] in refs, f"the summary asked for and recorded ({run.asked[1]}) is fed at " \
+                                         f"iteration {answer.iteration}"
             run.asked = None
 
     def check_model(self, run: HostRun, answer: pb.AssembleContextResponse, log: list[pb.StoredEvent],

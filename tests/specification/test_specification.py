@@ -8,8 +8,7 @@ it tried::
     SIDECAR_SPEC_SECONDS=3600 .venv/bin/python -m pytest tests/specification -q -s
 
 Other knobs: ``SIDECAR_SPEC_EXAMPLES`` (examples per batch, default 20 in CI, 50 in the long
-command), ``SIDECAR_SPEC_STEPS`` (steps per example, default 25), ``SIDECAR_SPEC_CHECK_KNOWN=1``
-(also check the properties that a colleague's open item breaks today, machine.KNOWN_OPEN).
+command), ``SIDECAR_SPEC_STEPS`` (steps per example, default 25).
 A failure prints the shrunk sequence of steps that reproduces it.
 """
 
