@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import os
 import shutil
 import signal
 import socket
@@ -111,6 +112,12 @@ def test_serves_on_a_unix_socket(tmp_path: Path) -> None:
     assert code == 0
 
 
+def _cpu_seconds(pid: int) -> float:
+    """The CPU time (user + system) process ``pid`` has used, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def test_sigterm_drains_in_flight_calls_and_exits_zero(tmp_path: Path) -> None:
     # The slow call below carries 24 MB, over the default [context] max_request_bytes (8 MiB).
     sidecar = Sidecar(tmp_path, "--grace-seconds", "30", "--max-request-bytes", "32MiB")
@@ -141,8 +148,15 @@ def test_sigterm_drains_in_flight_calls_and_exits_zero(tmp_path: Path) -> None:
             outcome["error"] = error
 
     caller = threading.Thread(target=slow_call)
+    before = _cpu_seconds(sidecar.process.pid)
     caller.start()
-    time.sleep(0.5)  # the call is being served
+    # The call is being served once the server has spent CPU on it: receiving and parsing 24 MB
+    # costs it a small part of a second, counting them about two. A fixed sleep raced the upload
+    # on a loaded machine, and SIGTERM then cancelled a call that had not yet arrived.
+    waited = time.monotonic()
+    while _cpu_seconds(sidecar.process.pid) - before < 0.5:
+        assert time.monotonic() - waited < 60, "the server never started on the call"
+        time.sleep(0.02)
     signalled = time.monotonic()
     code, stderr = sidecar.stop(signal.SIGTERM)
     caller.join(timeout=30)
