@@ -252,6 +252,8 @@ class SpecificationMachine(RuleBasedStateMachine):
             run.answers[iteration] = answer
             if shape["max_tokens"] is not None:
                 run.tightened[iteration] = shape["max_tokens"]
+            else:
+                run.tightened.pop(iteration, None)
         if replaying:
             assert run.replay is not None
             run.replay.done += 1
@@ -395,7 +397,9 @@ class SpecificationMachine(RuleBasedStateMachine):
                         all(event.seq < from_seq for event in log if event.iteration == i)}
         fork.answers = {i: a for i, a in fork.answers.items() if all(e.seq < from_seq for e in a.entries
                                                                       if e.type != SUMMARY_TYPE)}
-        fork.tightened = dict(source.tightened)
+        # Only the iterations the fork carries keep the budget they were assembled under: a later
+        # iteration of the fork is the fork's own turn.
+        fork.tightened = {i: tokens for i, tokens in source.tightened.items() if i in fork.answers}
         # The fork carries the windows of the iterations entirely below from_seq, and with them
         # where a cache-stable start stands and which events were clipped.
         fork.model.starts = {i: start for i, start in source.model.starts.items() if i in fork.answers}
