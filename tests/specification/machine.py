@@ -64,7 +64,8 @@ class HostRun:
     answers: dict[int, pb.AssembleContextResponse] = field(default_factory=dict)  # first answer of each
     tightened: dict[int, int] = field(default_factory=dict)  # iteration -> its max_transcript_tokens
     open_calls: list[tuple[str, str]] = field(default_factory=list)  # (call_id, tool): results still to come
-    asked: tuple[int, str] | None = None  # a summary recorded for (iteration, ref): it must be fed there
+    # A summary recorded for the next turn: (iteration, ref, the budget it was asked under, its tokens).
+    asked: tuple[int, str, int, int] | None = None
     deleted: set[str] = field(default_factory=set)  # summary refs whose artifact was deleted
     summary_refs: list[str] = field(default_factory=list)  # every summary of its log
     replay: Replay | None = None
@@ -293,9 +294,17 @@ class SpecificationMachine(RuleBasedStateMachine):
         self.check_model(run, answer, log, max_tokens)
         self.check_replay(run, answer)
         if run.asked is not None and run.asked[0] == answer.iteration:
-            # compaction.due is said only when a summary of the candidates is fed in the next window.
-            assert run.asked[1] in refs, f"the summary asked for and recorded ({run.asked[1]}) is fed at " \
-                                         f"iteration {answer.iteration}"
+            # compaction.due is said only when a summary of the candidates would be fed in the next
+            # window, foreseen under the same budget with the summary weighing the room a move leaves
+            # (docs/transcript.md): so it is fed when the host kept its summary and the turn's events
+            # within that room and did not tighten the budget.
+            _, ref, budget, summary_tokens = run.asked
+            room = budget - int(self.config.trim_to_fraction * budget)
+            turn_tokens = sum(entry.tokens for entry in answer.entries
+                              if entry.type != SUMMARY_TYPE and entry.iteration == answer.iteration)
+            if answer.token_budget == budget and summary_tokens + turn_tokens <= room:
+                assert ref in refs, f"the summary asked for and recorded ({ref}, {summary_tokens} tokens, the " \
+                                    f"turn's events {turn_tokens}, room {room}) is fed at iteration {answer.iteration}"
             run.asked = None
 
     def check_model(self, run: HostRun, answer: pb.AssembleContextResponse, log: list[pb.StoredEvent],
@@ -339,14 +348,15 @@ class SpecificationMachine(RuleBasedStateMachine):
             return
         rewritten = "REWRITTEN " if run.replay is not None else ""
         candidates = list(answer.compaction.candidate_event_ids)
-        text = f"Summary {rewritten}of {len(candidates)} entries: {', '.join(candidates[:4])}."
+        # Short, as a host asked for a summary within the room a move leaves would write it.
+        text = f"Summary {rewritten}of {len(candidates)} entries."
         try:
             recorded = self.call("RecordSummary", pb.RecordSummaryRequest(
                 run_id=run.run_id, iteration=answer.iteration + 1, replaced_event_ids=candidates, summary_text=text))
         except Refused as refused:
             raise AssertionError(f"RecordSummary of the candidates compaction asked for was refused: "
                                  f"{refused.args}") from None
-        run.asked = (answer.iteration + 1, recorded.summary_ref)
+        run.asked = (answer.iteration + 1, recorded.summary_ref, answer.token_budget, recorded.tokens_after)
         run.summary_refs.append(recorded.summary_ref)
 
     # Between turns.
