@@ -9,9 +9,9 @@ What it models (:meth:`RunModel.window`), the rest being checked as properties o
 (tests/specification/properties.py):
 
 - both window policies: ``max_fill`` (the oldest start that fits, every turn) and ``cache_stable``
-  (the start stays where the previous window's was while everything from it fits; when it does
-  not, it moves once to the oldest start at which the window is at most ``trim_to_fraction`` of
-  the budget and of ``transcript_window``): :func:`cache_stable_start`;
+  (the start stays where the previous window's was while everything from it fits:
+  :func:`cache_stable_start`; where a move lands, within ``trim_to_fraction`` but never past the
+  recent turns, is not modelled yet: a moved window is checked by the properties alone);
 - the bounds (tokens, entries), the recent tail, the active turn with the calls its results
   answer (and whatever lies between), calls and their results in or out together, the refusals
   (``token_budget_exceeded``, ``transcript_window_exceeded``);
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import math
 from base64 import b64decode
 from dataclasses import dataclass, field
 from functools import cache
@@ -204,8 +203,10 @@ class RunModel:
             return self._clipped(tail, budget, events[mandatory].seq, mandatory, iteration)
         previous = self.starts.get(max((i for i in self.starts if i < iteration), default=-1))
         if self.window_policy == "cache_stable":
-            position = cache_stable_start(events, sizes, mandatory, budget, self.transcript_window,
-                                          self.trim_to_fraction, previous)
+            stayed = cache_stable_start(events, sizes, mandatory, budget, self.transcript_window, previous)
+            if stayed is None:
+                return None  # a move: not modelled yet (the recent turns' rule, issue 23 section 4)
+            position = stayed
         else:
             position = oldest_start(events, sizes, mandatory, budget, self.transcript_window)
         chosen = events[position:]
@@ -298,15 +299,15 @@ def oldest_start(events: list[Event], sizes: list[int], mandatory: int, budget: 
 
 
 def cache_stable_start(events: list[Event], sizes: list[int], mandatory: int, budget: int, window: int,
-                       trim_to_fraction: float, previous: int | None) -> int:
-    """cache_stable: the previous window's start while everything from it fits; else the oldest
-    start within ``trim_to_fraction`` of the budget (and of the event-count bound)."""
+                       previous: int | None) -> int | None:
+    """cache_stable: the previous window's start while everything from it fits; None when the start
+    must move. Where a move lands (within ``trim_to_fraction``, never past the recent turns,
+    docs/transcript.md) is not modelled yet: the properties alone check a moved window."""
     stay = 0 if previous is None else next((i for i, event in enumerate(events) if event.seq >= previous),
                                           len(events))
     if stay <= mandatory and fits(sizes, stay, budget, window) and not splits_a_pair(events, stay):
         return stay
-    return oldest_start(events, sizes, mandatory, budget * trim_to_fraction,
-                        math.floor(window * trim_to_fraction) if window else 0)
+    return None
 
 
 def water_fill_cap(sizes: list[int], floors: list[int], budget: int) -> int:
