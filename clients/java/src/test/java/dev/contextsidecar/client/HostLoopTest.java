@@ -53,7 +53,6 @@ class HostLoopTest extends SidecarTestBase {
     List<Event> deferred = new ArrayList<>();
     Map<String, String> tools = new HashMap<>();
     int turnsWithOmitted = 0;
-    int turnsWithCleared = 0;
     int parallelTurns = 0;
     int deferredResults = 0;
     for (int i = 1; i <= TURNS; i++) {
@@ -104,12 +103,12 @@ class HostLoopTest extends SidecarTestBase {
       }
       checkWindow(window, iteration, sent);
       turnsWithOmitted += window.getOmittedEvents() > 0 ? 1 : 0;
-      turnsWithCleared += window.getEntriesList().stream().anyMatch(e -> e.getClippedFromTokens() > 0) ? 1 : 0;
     }
-    // The loop exercised what it is meant to: the budget dropped older turns and cleared old
-    // tool results, parallel calls and late results were sent.
+    // The loop exercised what it is meant to: the budget dropped older turns, parallel calls and
+    // late results were sent.
     assertTrue(turnsWithOmitted >= TURNS / 2, "older turns were dropped on " + turnsWithOmitted + " turns");
-    assertTrue(turnsWithCleared >= 1, "old tool results were cleared on " + turnsWithCleared + " turns");
+    // Cleared results are checked whenever one is fed; this run may feed none: old results are
+    // cleared only outside the recent turns, and here the start moves past them first.
     assertTrue(parallelTurns >= 10);
     assertTrue(deferredResults >= 4);
   }
