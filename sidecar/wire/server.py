@@ -133,26 +133,25 @@ class InFlightCalls:
 
     def track(self, behavior: Callable[[Any, grpc.ServicerContext], Any]
               ) -> Callable[[Any, grpc.ServicerContext], Any]:
+        # A call counts until gRPC has finished it, not until its handler returns: the status is
+        # sent after the handler, and a stop that cut in between reset the stream (a watch ended
+        # with RST_STREAM instead of OK on a loaded machine).
         if inspect.isgeneratorfunction(behavior):
             def tracked_stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-                self._enter()
-                try:
-                    yield from behavior(request, context)
-                finally:
-                    self._leave()
+                self._enter(context)
+                yield from behavior(request, context)
             return tracked_stream
 
         def tracked(request: Any, context: grpc.ServicerContext) -> Any:
-            self._enter()
-            try:
-                return behavior(request, context)
-            finally:
-                self._leave()
+            self._enter(context)
+            return behavior(request, context)
         return tracked
 
-    def _enter(self) -> None:
+    def _enter(self, context: grpc.ServicerContext) -> None:
         with self._idle:
             self._count += 1
+        if not context.add_callback(self._leave):  # the call has already ended
+            self._leave()
 
     def _leave(self) -> None:
         with self._idle:
