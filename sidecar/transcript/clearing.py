@@ -290,6 +290,7 @@ def _record(writer: LogWriter, entry_type: str, kind: str, iteration: int,
     entry = StoredEvent(made_at, f"{SIDECAR_ID_PREFIX}{entry_type}:{run.log_entries}", iteration, "system",
                         entry_type, payload, "", 0)
     append_compaction(writer, entry, kind, tuple(ids), "", before, after, "built-in")
+    run.cleared_at = iteration  # the window of this turn reaches back to the recent turns (window.py)
     metrics.tool_results_cleared(len(changes), before - after)
 
 

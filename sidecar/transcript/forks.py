@@ -130,7 +130,8 @@ def fork_run(deps: Deps, txn: Txn, source_key: bytes, source_run_id: str, fork_k
     fork = Run(source.settings, from_seq, last_iteration, last_assembled, len(carried), len(pending), origin,
                log_entries=log_entries_before(txn, db, source_key, source, from_seq),
                profile_digest=source.profile_digest, task_digest=source.task_digest, fed_prefix=source.fed_prefix,
-               source_cold=source_cold, source_assembled=source.last_assembled if mode == "replay" else 0)
+               source_cold=source_cold, source_assembled=source.last_assembled if mode == "replay" else 0,
+               cleared_at=source.cleared_at if source.cleared_at <= last_assembled else 0)
     save_run(txn, db, fork_key, fork)
     return fork, True
 

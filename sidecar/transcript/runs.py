@@ -79,6 +79,9 @@ class Run:
     # it found cold. The fork takes the same steps there, whatever its own clock says.
     source_cold: tuple[int, ...] = ()
     source_assembled: int = 0
+    # The iteration of the newest clearing (0: none): that turn's window reaches back to the
+    # recent turns as the clearing left them (sidecar.transcript.window).
+    cleared_at: int = 0
 
     def record(self) -> bytes:
         value: dict[str, Any] = {
@@ -98,6 +101,8 @@ class Run:
             value["last_turn_ms"] = self.last_turn_ms
         if self.source_assembled:
             value["source_cold"], value["source_assembled"] = list(self.source_cold), self.source_assembled
+        if self.cleared_at:
+            value["cleared_at"] = self.cleared_at
         return dump_plain_json(value)
 
     @classmethod
@@ -109,7 +114,7 @@ class Run:
                    ForkOrigin(**origin) if origin else None, value.get("log_entries", 0),
                    value.get("profile_digest", ""), value.get("task_digest", ""), value.get("fed_prefix"),
                    value.get("incarnation", ""), value.get("last_turn_ms", 0), tuple(value.get("source_cold", ())),
-                   value.get("source_assembled", 0))
+                   value.get("source_assembled", 0), value.get("cleared_at", 0))
 
 
 def _fields(value: Any) -> dict[str, Any]:

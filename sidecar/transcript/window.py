@@ -185,6 +185,8 @@ def _plan(deps: Deps, txn: Txn, key: bytes, run: Run, iteration: int,
                                                     and top.index != previous_top):
                 # (a summary recorded since is fed where it lands: it is the step a cold turn takes)
                 chosen = _moved_while_cold(chosen, records, base, iteration, budget, settings, floor, prefix)
+            if chosen is not None and run.cleared_at == iteration:
+                chosen = _back_to_recent_turns(chosen, records, base, iteration, budget, settings, floor)
         else:
             chosen = fastcore.select_window(records, base, iteration, budget, settings.transcript_window, floor,
                                             prefix)
@@ -236,7 +238,39 @@ def _moved_while_cold(chosen: tuple, records: bytes, base: int, iteration: int, 
         return moved
     if recent <= start:
         return chosen
-    first = recent - base
+    return _from_start(records, base, recent, mandatory)
+
+
+def _back_to_recent_turns(chosen: tuple, records: bytes, base: int, iteration: int, budget: int,
+                          settings: RunSettings, floor: int) -> tuple | None:
+    """A cache-stable window at the turn that cleared tool results: when the recent turns, as the
+    clearing left them (cleared results at their placeholders' counts), reach further back than
+    the kept start, the window starts where they do. The clearing re-bills the request from its
+    first cleared result anyway, and that result lies near the start (it is older than the recent
+    turns): kept, the start left the window a fifth full at 8k after a 6,000-token result was
+    cleared, refilling at a turn's tokens a turn. None when the records do not reach back far
+    enough (the caller reads more)."""
+    start, mandatory, _, cap, _ = chosen
+    if cap >= 0:
+        return chosen  # the active turn alone is over the budget
+    recent = fastcore.recent_start(records, base, iteration, kept_turns(settings),
+                                   int(settings.trim_to_fraction * budget), floor)
+    if recent is None:
+        return None
+    if recent >= start:
+        return chosen
+    moved = _from_start(records, base, recent, mandatory)
+    # The last keep_last_turns turns may pass the bounds on their own: then the kept start stays.
+    units = sum(group != fastcore.NOT_A_UNIT for _, _, group in
+                _COUNT.iter_unpack(records[(moved[0] - base) * fastcore.RECORD_SIZE:]))
+    if moved[2] > budget or (settings.transcript_window and units > settings.transcript_window):
+        return chosen
+    return moved
+
+
+def _from_start(records: bytes, base: int, start: int, mandatory: int) -> tuple[int, int, int, int, int]:
+    """The window of every event from ``start`` (at its first transcript event) to the log's end."""
+    first = start - base
     while first < mandatory - base and \
             _COUNT.unpack_from(records, first * fastcore.RECORD_SIZE)[2] == fastcore.NOT_A_UNIT:
         first += 1  # the window starts at a transcript event

@@ -105,6 +105,9 @@ class Host:
             recent = set(self.recent_turns(turn, {e: entry.tokens for e, entry in was.items()}))
             assert not recent & set(newly), f"turn {turn}: recent results cleared: {sorted(recent & set(newly))}"
             self.checked["clearings"] += 1
+            # And after it: the recent turns as the clearing left them are in, the start moved back
+            # if they reach further (a kept start left the window a fifth full at 8k).
+            self.check_in_window(turn)
         # A summary: none of what it replaces is in the recent turns, as fed now.
         recent = set(self.recent_turns(turn, {entry.event_id: entry.tokens for entry in answer.entries}))
         due = answer.compaction
