@@ -13,11 +13,21 @@ import (
 )
 
 // A host that summarises whenever the sidecar says compaction is due: RecordSummary with the
-// candidates it proposed, from the next turn on fed in their place.
+// candidates it proposed, fed in their place in the very next window.
+//
+// When it is due, by the documented rules (docs/transcript.md, "Summaries and replays"), with the
+// sidecar's defaults (compaction_fraction 0.75, trim_to_fraction 0.6): once the transcript, or
+// after a summary what came after it, passes 450 tokens, and only if a summary of the candidates
+// would be fed in the next window. Here it always would: turns of 40-100 words (~50-130 tokens)
+// and keep_last_turns 1 make the recent turns at most 360 tokens (the last turn and the older
+// whole turns that fit in 0.6 of the budget), so the candidates (everything older) are never
+// empty past 450, and the next window, with the summary weighing what trim_to_fraction leaves
+// (240) beside the recent turns and an empty next turn, fits the budget of 600. So compaction
+// is due exactly when that count passes 450, and each summary is fed at the next turn.
 func TestRecordSummaryWhenDue(t *testing.T) {
 	c := dial(t, "alpha")
 	ctx := context.Background()
-	const runID, budget, turns = "go-summaries", 600, 20
+	const runID, budget, turns, trigger = "go-summaries", 600, 20, 450
 	if _, err := c.OpenRun(ctx, &pb.OpenRunRequest{RunId: runID, TokenCounter: proto.String(counter),
 		TranscriptTokenBudget: proto.Int32(budget), SummarizationSupported: proto.Bool(true),
 		KeepLastTurns: proto.Int32(1)}); err != nil {
@@ -33,7 +43,8 @@ func TestRecordSummaryWhenDue(t *testing.T) {
 		content   = map[string]string{}
 		summaries []summary // recorded, oldest first
 		floor     int       // sent[:floor] are summarised
-		fedAfter  = map[int]bool{}
+		since     int32     // the tokens appended after the newest summary (all, before one)
+		previous  []string  // the summaries the previous window fed
 	)
 	for i := 1; i <= turns; i++ {
 		events := []*pb.Event{
@@ -51,6 +62,9 @@ func TestRecordSummaryWhenDue(t *testing.T) {
 		}
 		where := fmt.Sprintf("turn %d", i)
 		checkWindow(t, c, where, resp, budget)
+		for _, a := range resp.GetAppended() {
+			since += a.GetTokens()
+		}
 
 		// The window: the newest summaries in force, in order, then the unsummarised tail.
 		entries := resp.GetEntries()
@@ -68,9 +82,26 @@ func TestRecordSummaryWhenDue(t *testing.T) {
 		if k > 0 && !slices.Equal(verbatim, sent[floor:]) {
 			t.Errorf("%s: after the summaries %v, want the unsummarised events %v", where, verbatim, sent[floor:])
 		}
-		if k > 0 {
-			fedAfter[len(summaries)] = true
+		// A summary recorded for this turn is fed in it, and the cache report says where it entered;
+		// a summary fed before that the window's start moved past is reported as slid out.
+		fed := ids(entries[:k])
+		entered := slices.IndexFunc(fed, func(ref string) bool { return !slices.Contains(previous, ref) })
+		slidOut := slices.ContainsFunc(previous, func(ref string) bool { return !slices.Contains(fed, ref) })
+		cache := resp.GetCache()
+		switch {
+		case len(summaries) > 0 && summaries[len(summaries)-1].from == i:
+			if k == 0 || fed[k-1] != summaries[len(summaries)-1].ref {
+				t.Errorf("%s: the summary recorded for this turn is not fed: %v", where, ids(entries))
+			} else if cache.GetBreakReason() != "summary_recorded" || cache.GetBreakAt() != int32(1+entered) {
+				t.Errorf("%s: cache report %v; want summary_recorded at part %d", where, cache, 1+entered)
+			}
+		case entered >= 0:
+			t.Errorf("%s: summary %s entered the window though none was recorded for this turn", where, fed[entered])
+		case slidOut && cache.GetBreakReason() != "summary_slid_out":
+			t.Errorf("%s: the window left out summaries %v fed before; cache report %v, want summary_slid_out", where,
+				previous, cache)
 		}
+		previous = fed
 		for _, id := range verbatim {
 			if slices.Index(sent, id) < floor {
 				t.Errorf("%s: %s is fed though a summary replaced it", where, id)
@@ -78,6 +109,10 @@ func TestRecordSummaryWhenDue(t *testing.T) {
 		}
 
 		due := resp.GetCompaction()
+		if due.GetDue() != (since > trigger) {
+			t.Errorf("%s: compaction.due is %v with %d tokens since the last summary (the trigger: %d)", where,
+				due.GetDue(), since, trigger)
+		}
 		if !due.GetDue() {
 			continue
 		}
@@ -118,14 +153,10 @@ func TestRecordSummaryWhenDue(t *testing.T) {
 		}
 		summaries = append(summaries, summary{rec.GetSummaryRef(), text, i + 1})
 		floor += len(candidates)
+		since = 0
 	}
 	if len(summaries) < 2 {
 		t.Fatalf("compaction came due %d times in %d turns under a %d budget", len(summaries), turns, budget)
-	}
-	for n, s := range summaries {
-		if s.from <= turns && !fedAfter[n+1] {
-			t.Errorf("summary %d (from turn %d) was never fed", n+1, s.from)
-		}
 	}
 	t.Logf("%d summaries recorded over %d turns", len(summaries), turns)
 }
