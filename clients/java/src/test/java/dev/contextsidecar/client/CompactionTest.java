@@ -25,16 +25,31 @@ import org.junit.jupiter.api.Test;
  * whenever an AssembleContext answer says compaction is due, the host summarises the candidates
  * and records the summary with RecordSummary for the next turn, whose window then feeds the
  * summary in place of what it replaced.
+ *
+ * <p>When it is due, by the documented rules (docs/transcript.md, "Summaries and replays"), with
+ * the sidecar's defaults (compaction_fraction 0.75, trim_to_fraction 0.6): once the transcript, or
+ * after a summary what came after it, passes 450 tokens, and only if a summary of the candidates
+ * would be fed in the next window. Here it always would: turns of two 30-word messages (~70
+ * tokens) and keep_last_turns 1 make the recent turns at most 360 tokens (the last turn and the
+ * older whole turns that fit in 0.6 of the budget), so past 450 the candidates (everything older)
+ * are never empty, and the next window, the summary weighing what trim_to_fraction leaves (240)
+ * beside the recent turns and an empty next turn, fits the budget of 600. So compaction is due
+ * exactly when that count passes 450, and each summary is fed at the next turn; later, as turns
+ * fill the window, its start moves past the summary, which the cache report calls
+ * summary_slid_out.
  */
 class CompactionTest extends SidecarTestBase {
   private static final String RUN_ID = "java-compaction";
   private static final String COUNTER = "o200k_base";
   private static final int BUDGET = 600;
   private static final int TURNS = 16;
+  private static final int TRIGGER = 450; // compaction_fraction 0.75 of the budget
 
   private record Sent(String eventId, int iteration, String content) {}
 
   private record Summary(String ref, String text, Set<String> replaced, int iteration) {}
+
+  private int slidOut; // turns whose window left out a summary the previous one fed
 
   @Test
   void recordsASummaryWheneverCompactionIsDue() {
@@ -47,6 +62,8 @@ class CompactionTest extends SidecarTestBase {
     List<Sent> sent = new ArrayList<>();
     List<Summary> summaries = new ArrayList<>();
     int unsummarised = 0; // index in `sent` of the oldest event no summary replaced
+    int since = 0; // the tokens appended after the newest summary (all, before one)
+    List<String> previous = List.of(); // the summaries the previous window fed
     for (int i = 1; i <= TURNS; i++) {
       final int iteration = i;
       List<Event> events = List.of(
@@ -55,13 +72,16 @@ class CompactionTest extends SidecarTestBase {
       AssembleContextResponse window = client.call(s -> s.assembleContext(AssembleContextRequest
           .newBuilder().setRunId(RUN_ID).setIteration(iteration).addAllAppendEvents(events).build()));
       events.forEach(e -> sent.add(new Sent(e.getEventId(), iteration, e.getContent())));
-      checkWindow(window, summaries);
+      since += window.getAppendedList().stream().mapToInt(a -> a.getTokens()).sum();
+      previous = checkWindow(window, summaries, previous);
 
       Summary last = summaries.isEmpty() ? null : summaries.get(summaries.size() - 1);
       if (last != null && last.iteration() == iteration) {
         assertFalse(window.getCompaction().getDue(), "turn " + i + ": not due again right after a summary");
       }
       Compaction compaction = window.getCompaction();
+      assertEquals(since > TRIGGER, compaction.getDue(),
+          "turn " + i + ": due with " + since + " tokens since the last summary, the trigger " + TRIGGER);
       if (!compaction.getDue()) {
         continue;
       }
@@ -90,12 +110,17 @@ class CompactionTest extends SidecarTestBase {
       assertEquals(text, stored, "the artifact is the summary's text");
       summaries.add(new Summary(recorded.getSummaryRef(), text, new HashSet<>(candidates), iteration + 1));
       unsummarised += candidates.size();
+      since = 0;
     }
     assertTrue(summaries.size() >= 2, "compaction came due " + summaries.size() + " times");
+    assertTrue(slidOut >= 1, "a summary slid out on " + slidOut + " turns");
   }
 
-  // The window feeds the summaries in force first, as themselves, and nothing they replaced.
-  private void checkWindow(AssembleContextResponse window, List<Summary> summaries) {
+  // The window feeds the summaries in force first, as themselves, and nothing they replaced; a
+  // summary recorded for this turn is fed in it, and the cache report says where it entered; a
+  // summary fed before that the window's start moved past is reported as slid out. Returns the
+  // summaries fed.
+  private List<String> checkWindow(AssembleContextResponse window, List<Summary> summaries, List<String> previous) {
     String where = "turn " + window.getIteration();
     List<WindowEntry> entries = window.getEntriesList();
     List<Integer> recounted = Recount.count(client, COUNTER, entries.stream().map(WindowEntry::getText).toList());
@@ -109,21 +134,33 @@ class CompactionTest extends SidecarTestBase {
     for (WindowEntry entry : entries) {
       assertFalse(replaced.contains(entry.getEventId()), where + ": " + entry.getEventId() + " was summarised");
     }
-    if (inForce.isEmpty()) {
-      assertTrue(entries.stream().noneMatch(e -> e.getType().equals("context.summary")));
-      return;
-    }
-    // The newest summary in force stands first in the window or just behind older ones.
     List<WindowEntry> fed = entries.stream().filter(e -> e.getType().equals("context.summary")).toList();
-    if (fed.isEmpty()) {
-      // A summary in force leaves the window once newer turns fill it (break_reason
-      // summary_slid_out); what it replaced stays out, as checked above.
-      return;
-    }
+    List<String> fedRefs = fed.stream().map(WindowEntry::getEventId).toList();
     assertEquals(fed, entries.subList(0, fed.size()), where + ": summaries come first");
-    Summary newest = inForce.get(inForce.size() - 1);
-    WindowEntry entry = fed.get(fed.size() - 1);
-    assertEquals(newest.ref(), entry.getEventId(), where + ": the newest summary");
-    assertEquals(newest.text(), entry.getText(), where + ": fed as written");
+    int entered = 0;
+    while (entered < fedRefs.size() && previous.contains(fedRefs.get(entered))) {
+      entered++;
+    }
+    var cache = window.getCache();
+    Summary newest = inForce.isEmpty() ? null : inForce.get(inForce.size() - 1);
+    if (newest != null && newest.iteration() == window.getIteration()) {
+      assertFalse(fed.isEmpty(), where + ": the summary recorded for this turn is fed");
+      WindowEntry entry = fed.get(fed.size() - 1);
+      assertEquals(newest.ref(), entry.getEventId(), where + ": the newest summary");
+      assertEquals(newest.text(), entry.getText(), where + ": fed as written");
+      assertEquals("summary_recorded", cache.getBreakReason(), where + ": the cache report");
+      assertEquals(1 + entered, cache.getBreakAt(), where + ": the break is where the summary entered");
+    } else {
+      assertEquals(fedRefs.size(), entered, where + ": no summary enters but the one recorded for the turn");
+      if (!fedRefs.containsAll(previous)) {
+        assertEquals("summary_slid_out", cache.getBreakReason(), where + ": a summary fed before left");
+        slidOut++;
+      }
+    }
+    if (!fed.isEmpty()) {
+      // The newest summary in force stands last among them, as written.
+      assertEquals(newest.ref(), fed.get(fed.size() - 1).getEventId(), where + ": the newest summary");
+    }
+    return fedRefs;
   }
 }
