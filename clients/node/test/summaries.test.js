@@ -92,7 +92,7 @@ function makeSummaryText(label, replaced) {
 // entries of the summaries we recorded, each at its seq; hostEvents is the host events alone.
 function newRecord(runId) {
   return { runId, log: [], hostEvents: [], byId: new Map(), summaries: [], answers: new Map(),
-    recorded: [], summaryWindows: 0 };
+    recorded: [], summaryWindows: 0, fedWhenRecorded: 0 };
 }
 
 function appendHostEvents(rec, turn) {
@@ -300,7 +300,17 @@ async function drive(client, rec, turns, { label, expectedText, onRecorded = asy
     assert.deepEqual(resp.appended, stored.map((e) => ({ event_id: e.event_id, seq: e.seq,
       tokens: codePoints(e.content), already_recorded: false })), `${rec.runId} turn ${turn.iteration}: appended`);
     rec.answers.set(turn.iteration, resp);
-    if (await checkWindow(client, rec, resp, turn.iteration) > 0) rec.summaryWindows += 1;
+    const fed = await checkWindow(client, rec, resp, turn.iteration);
+    if (fed > 0) rec.summaryWindows += 1;
+    // A summary recorded when compaction was due is fed in the very next window (the rules ask
+    // for one only then: docs/transcript.md, "Summaries and replays"), and the cache report says
+    // the prefix breaks where it entered. The fed summaries are the newest in force (checkWindow).
+    if (rec.summaries.at(-1)?.iteration === turn.iteration) {
+      const where = `${rec.runId} turn ${turn.iteration}`;
+      assert.ok(fed >= 1, `${where}: the summary recorded for this turn is fed`);
+      assert.equal(resp.cache.break_reason, 'summary_recorded', `${where}: the cache report names it`);
+      rec.fedWhenRecorded += 1;
+    }
 
     const { due, candidate_event_ids: candidates } = resp.compaction;
     if (!due || candidates.length === 0) continue;
@@ -391,7 +401,8 @@ describe('declared summarization over gRPC (Node.js client)', () => {
     t.diagnostic(`summaries: ${source.summaries.length}, windows with a summary: ${source.summaryWindows}, ` +
       `deferred results: ${deferred}, log entries: ${source.log.length}`);
     assert.ok(source.summaries.length >= 2, `at least 2 summaries were recorded (${source.summaries.length})`);
-    assert.ok(source.summaryWindows >= 1, `a window fed a summary (${source.summaryWindows})`);
+    const assembled = source.summaries.filter((s) => s.iteration <= TURNS).length;
+    assert.equal(source.fedWhenRecorded, assembled, 'every summary was fed at the turn it was recorded for');
     assert.ok(deferred >= 3, `tool results sent a turn later (${deferred})`);
     done.add('drive');
   });
