@@ -1469,19 +1469,24 @@ type Compaction struct {
 	// uncleared) transcript exceeds [context] compaction_fraction of the transcript budget (RFC
 	// 0111), counting once a summary is in force only what was appended after it, so a summary
 	// is asked for again only when a trigger's worth of new transcript has come; or the whole
-	// window exceeds that fraction of turn_limit_tokens (the context-window capability).
+	// window exceeds that fraction of turn_limit_tokens (the context-window capability). Either
+	// way only when a summary of the candidates, recorded for the next iteration, would be fed in
+	// that iteration's window.
 	Due bool `protobuf:"varint,1,opt,name=due,proto3" json:"due,omitempty"`
-	// What to summarise: every unsummarised, summarisable event (outside the verbatim floor and
-	// the active turn, tool calls with their results), at most a budget's worth, oldest first,
-	// preceded for "recursive" by the summary in force: one big step, so the window's cached
-	// prefix breaks rarely. Pass them to RecordSummary as replaced_event_ids.
+	// What to summarise: the unsummarised events older than the recent turns (the last
+	// keep_last_turns turns and the older whole turns that fit with them in trim_to_fraction of the
+	// budget) and than the last keep_last_tokens tokens, oldest first, tool calls with their
+	// results, preceded for "recursive" by the summary in force: as far as the window, the summary
+	// included, needs to land near trim_to_fraction of the budget, and no further. Pass them to
+	// RecordSummary as replaced_event_ids.
 	CandidateEventIds []string `protobuf:"bytes,2,rep,name=candidate_event_ids,json=candidateEventIds,proto3" json:"candidate_event_ids,omitempty"`
 	// The candidates' tokens: RecordSummary's tokens_before for them.
 	TokensBefore int32 `protobuf:"varint,3,opt,name=tokens_before,json=tokensBefore,proto3" json:"tokens_before,omitempty"`
 	// Set once, on the first turn it holds (until another summary is recorded), when compaction
-	// would be due but nothing can be summarised: "protected_turns_exceed_trigger: ..." (the
-	// active turn and the keep_last_turns / keep_last_tokens floor alone pass the trigger) or
-	// "nothing_summarisable: ...". due is then false: asking every turn could not help.
+	// would be due but asking could not help: "protected_turns_exceed_trigger: ..." (the active
+	// turn and the keep_last_turns / keep_last_tokens floor alone pass the trigger),
+	// "nothing_summarisable: ..." or "summary_would_not_be_fed: ..." (the recent turns leave a
+	// summary no room in the next window). due is then false.
 	Reason        string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
