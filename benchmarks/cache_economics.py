@@ -483,10 +483,15 @@ def print_agent_aims(tallies: list[Tally], label: str) -> None:
              "(OpenAI), aim >= 0.85")
         base = by.get((t.scenario, "max_fill"))
         if t.mode == "off" and base is not None:
-            ratio_a = mean(t.billed_anthropic) / mean(base.billed_anthropic)
-            ratio_o = mean(t.billed_openai) / mean(base.billed_openai)
-            line(max(ratio_a, ratio_o) <= 0.35, f"{name}: billed input {ratio_a:.2f} (Anthropic) / {ratio_o:.2f} "
-                                                "(OpenAI) of max_fill's, aim <= 0.35")
+            # The aim is for the policy without clearing; with it, said beside.
+            for policy in dict.fromkeys((label.removesuffix(" +clearing"), label)):
+                played = by.get((t.scenario, policy))
+                if played is None:
+                    continue
+                ratio_a = mean(played.billed_anthropic) / mean(base.billed_anthropic)
+                ratio_o = mean(played.billed_openai) / mean(base.billed_openai)
+                line(max(ratio_a, ratio_o) <= 0.35, f"{name}: billed input of {policy} {ratio_a:.2f} (Anthropic) / "
+                                                    f"{ratio_o:.2f} (OpenAI) of max_fill's, aim <= 0.35")
         print(f"- {name}: {100 * t.summaries / len(t.billed_anthropic):.1f} summaries per 100 turns")
 
 
