@@ -129,12 +129,14 @@ class Transcripts:
         """Before an event is counted or stored: SR-1 (its content is redacted; a tool call's
         JSON arguments string by string, so they stay JSON), then untrusted content (every role
         "tool" event's, and events marked untrusted) goes inside the untrusted-data block. The
-        count and the budget are then of exactly what is fed. A tool call's tool name and call id
-        are identifiers, fed as they are: one holding a secret is refused, like a tool's name."""
+        count and the budget are then of exactly what is fed. An event's id, type, tool name and call
+        id are identifiers, stored and fed as they are: one holding a secret is refused, like a
+        tool's name."""
         sanitised = []
         redact = self._redactor.redacting(tenant, run_id)
         for i, event in enumerate(events):
-            refuse_secrets(redact, [(f"{field}[{i}].tool_name", event.tool_name),
+            refuse_secrets(redact, [(f"{field}[{i}].event_id", event.event_id), (f"{field}[{i}].type", event.type),
+                                    (f"{field}[{i}].tool_name", event.tool_name),
                                     (f"{field}[{i}].call_id", event.call_id)])
             if event.tool_name:
                 content = redact_json_text(event.content, redact, f"{field}[{i}].content")[0]

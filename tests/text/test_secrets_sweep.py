@@ -239,10 +239,11 @@ def test_an_identifier_holding_a_secret_is_refused_not_stored(start_server, capl
         assert needle.encode() not in stored and needle.encode() not in state and needle not in caplog.text
 
 
-def test_an_events_tool_name_or_call_id_holding_a_secret_is_refused_on_every_path(start_server, caplog) -> None:
-    """An event's tool name is the tool definition's name, and its call id is fed as the call's id
-    in both renderings: identifiers, refused like a tool's name when they hold a secret, naming
-    the field, with nothing written (AppendEvents, AssembleContext, and on a replay fork)."""
+def test_an_events_identifiers_holding_a_secret_are_refused_on_every_path(start_server, caplog) -> None:
+    """An event's tool name is the tool definition's name, its call id is fed as the call's id in
+    both renderings, and its event id and type are stored and returned as they are: identifiers,
+    refused like a tool's name when they hold a secret, naming the field, with nothing written
+    (AppendEvents, AssembleContext, and on a replay fork)."""
     caplog.set_level(logging.DEBUG)
     sidecar = start_server(token_counter="chars")
     stub = sidecar.stub
@@ -253,11 +254,11 @@ def test_an_events_tool_name_or_call_id_holding_a_secret_is_refused_on_every_pat
     stub.ForkRun(pb.ForkRunRequest(source_run_id="run", new_run_id="fork", from_seq=0, mode="replay"))
 
     def call(held: str, where: str) -> pb.Event:
-        names = {"tool_name": "search", "call_id": "k", where: held}
-        return pb.Event(event_id="c", iteration=1, role="assistant", type="tool_call", content='{"q": "x"}', **names)
+        names = {"event_id": "c", "type": "tool_call", "tool_name": "search", "call_id": "k", where: held}
+        return pb.Event(iteration=1, role="assistant", content='{"q": "x"}', **names)
 
     for held in (secret, detected("toolname"), f"x-{detected('toolname')}"):
-        for where in ("tool_name", "call_id"):
+        for where in ("tool_name", "call_id", "event_id", "type"):
             refused = {
                 f"events[0].{where}": (stub.AppendEvents, pb.AppendEventsRequest(run_id="run",
                                                                                 events=[call(held, where)])),
