@@ -144,6 +144,14 @@ class WatchFellBehind(SidecarError):
     status = "RESOURCE_EXHAUSTED"
 
 
+class TooManyWatches(SidecarError):
+    """Every place for a WatchEvents stream is taken: each holds a thread while open, and they may
+    hold at most half of the server's, so the other calls are always served."""
+
+    code = "too_many_watches"
+    status = "RESOURCE_EXHAUSTED"
+
+
 class PluginFailed(SidecarError):
     """The configured plugin raised or answered what a hook cannot take (a server-side defect)."""
 

@@ -48,7 +48,7 @@ class ServerSettings:
         False, "allow listening on a non-loopback TCP address (the sidecar has no TLS of its own)")
     grace_seconds: float = _option(
         10.0, "on SIGTERM, how long in-flight calls may take to finish before the server stops")
-    max_workers: int = _option(8, "threads serving calls", minimum=1)
+    max_workers: int = _option(8, "threads serving calls (open WatchEvents streams hold at most half)", minimum=1)
     max_message_bytes: int = _option(
         64 * 1024 * 1024, "largest request or response message", minimum=1024, size=True)
 

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from itertools import islice
 from typing import Any
 
-from sidecar.errors import WatchFellBehind
+from sidecar.errors import TooManyWatches, WatchFellBehind
 from sidecar.storage.environment import Store
 from sidecar.storage.keys import Txn
 from sidecar.tenant_events.schema import EventDatabase
@@ -73,11 +73,12 @@ class Watch:
 
 
 class TenantEventLog:
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, max_watches: int) -> None:
         self._store = store
         self._db = EventDatabase(store)
         self._lock = threading.Lock()
         self._watches: list[Watch] = []
+        self._max_watches = max_watches
 
     def append(self, txn: Txn, tenant: str, payload: dict[str, Any]) -> Event:
         """Keep the event in the caller's write transaction; :meth:`publish` it after the commit."""
@@ -104,6 +105,10 @@ class TenantEventLog:
     def watch(self, tenant: str, types: Iterable[str]) -> Watch:
         watch = Watch(tenant, frozenset(types))
         with self._lock:
+            if len(self._watches) >= self._max_watches:
+                raise TooManyWatches(f"{len(self._watches)} watches are open, as many as this sidecar serves at "
+                                     f"once (half its [server] max_workers threads: each open watch holds one); "
+                                     f"watch again once one closes, or page with ListMemoryEvents")
             self._watches.append(watch)
         return watch
 

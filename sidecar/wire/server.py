@@ -98,7 +98,9 @@ class Services:
         caches = caches_of(settings)
         redactor = Redactor(settings.redaction.detectors, caches)
         memories = Memories(store, counters, settings.memory, redactor)
-        events = TenantEventLog(store)
+        # Each open watch holds one of the server's threads: at most half of them, so that the
+        # other calls are always served (a single thread serves no watch).
+        events = TenantEventLog(store, settings.server.max_workers // 2)
         memory_compactor = (Compactor(memories, events, settings.memory_compaction)
                             if settings.memory_compaction.enabled else None)
         try:

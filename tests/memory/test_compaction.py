@@ -167,7 +167,7 @@ def test_distilled_text_is_redacted_even_when_its_sources_were_not(tmp_path, cou
     store = Store(str(tmp_path / "db"), 16 << 20)
     redactor = Redactor()
     memories = Memories(store, counters, MemorySettings(token_counter="chars"), redactor)
-    compactor = Compactor(memories, TenantEventLog(store), MemoryCompactionSettings(enabled=True))
+    compactor = Compactor(memories, TenantEventLog(store, max_watches=4), MemoryCompactionSettings(enabled=True))
     for i in range(3):
         memories.put("t", REF, f"the vault code is late-secret-{i:04d}. More text.", entry_id=f"x{i}")
     redactor.register("t", "", [(f"late{i}", f"late-secret-{i:04d}") for i in range(3)])
@@ -276,7 +276,7 @@ def test_a_watch_that_falls_behind_gets_its_backlog_then_an_error_naming_where_t
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("sidecar.tenant_events.log.MAX_WATCH_BACKLOG", 3)
     store = Store(str(tmp_path / "db"), map_size=1 << 24)
-    events = TenantEventLog(store)
+    events = TenantEventLog(store, max_watches=4)
     slow, other = events.watch("acme", ["memory.compacted"]), events.watch("globex", [])
     kept = _keep(store, events, 5)
     events.publish("acme", kept)
@@ -293,7 +293,7 @@ def test_a_watch_that_falls_behind_gets_its_backlog_then_an_error_naming_where_t
 
 def test_closing_the_watches_delivers_what_was_queued_then_ends_without_error(tmp_path: Path) -> None:
     store = Store(str(tmp_path / "db"), map_size=1 << 24)
-    events = TenantEventLog(store)
+    events = TenantEventLog(store, max_watches=4)
     watch = events.watch("acme", [])
     events.publish("acme", _keep(store, events, 2))
     events.close_watches()

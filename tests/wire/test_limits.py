@@ -17,7 +17,7 @@ from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
 from sidecar.settings import ContextSettings
 from sidecar.text.encodings import load_encoding
 from sidecar.validation import MAX_PAGE_BYTES, MAX_UNBROKEN_RUN
-from tests.helpers import call_error, ev
+from tests.helpers import Sidecar, call_error, ev, rich_error
 
 TOKEN = "tenant-a-token"
 
@@ -309,3 +309,35 @@ def test_the_run_check_finds_exactly_the_runs_over_the_limit(monkeypatch, limit:
         except ValidationError:
             refused = True
         assert refused == over, ascii(text)
+
+
+# -- long-lived streams -------------------------------------------------------------------------
+
+def test_open_watches_leave_threads_for_the_other_calls(tmp_path) -> None:
+    """A WatchEvents stream holds one of the server's max_workers threads for as long as it is
+    open. Before: as many watches as threads left none, and every other call waited (here
+    CountTokens ran out its 5-second deadline). Watches may take at most half of them; one more
+    is refused with RESOURCE_EXHAUSTED (too_many_watches), and a watch closed frees its place."""
+    sidecar = Sidecar(tmp_path, "--max-workers", "4")
+    try:
+        watches = [sidecar.stub.WatchEvents(pb.WatchEventsRequest(), timeout=30) for _ in range(4)]
+        outcomes = []
+        for watch in watches:
+            watch.initial_metadata()  # registered, or refused at once
+            outcomes.append(watch.code() if watch.done() else "open")
+        answer = sidecar.stub.CountTokens(pb.CountTokensRequest(token_counter="chars", texts=["still here"]),
+                                          timeout=5)
+        assert list(answer.counts) == [10]
+        assert outcomes.count("open") == 2, outcomes
+        refused = [watch for watch, outcome in zip(watches, outcomes) if outcome != "open"]
+        assert rich_error(refused[0])[:2] == (grpc.StatusCode.RESOURCE_EXHAUSTED, "too_many_watches")
+        next(watch for watch, outcome in zip(watches, outcomes) if outcome == "open").cancel()
+        again = sidecar.stub.WatchEvents(pb.WatchEventsRequest(), timeout=30)
+        again.initial_metadata()
+        assert not again.done(), f"a closed watch freed its place: {rich_error(again)}"
+        again.cancel()
+    finally:
+        for watch in watches:
+            watch.cancel()
+        sidecar.stop()
+

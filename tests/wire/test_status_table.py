@@ -25,6 +25,7 @@ EXPECTED = {
     "aborted": grpc.StatusCode.ABORTED,
     "compaction_disabled": grpc.StatusCode.FAILED_PRECONDITION,
     "watch_fell_behind": grpc.StatusCode.RESOURCE_EXHAUSTED,
+    "too_many_watches": grpc.StatusCode.RESOURCE_EXHAUSTED,
     "plugin_failed": grpc.StatusCode.INTERNAL,
     "state_invalid": grpc.StatusCode.INVALID_ARGUMENT,
     "deadline_exceeded": grpc.StatusCode.DEADLINE_EXCEEDED,
