@@ -284,15 +284,26 @@ def summary_room(run: Run, budget: int) -> int:
     return budget - int(run.settings.trim_to_fraction * budget)
 
 
+def summary_room_entries(run: Run) -> int:
+    """The entries a summary asked for and the next turn's events may take together, under a
+    transcript_window: what trim_to_fraction of it leaves (0: no bound)."""
+    window = run.settings.transcript_window
+    return window - int(run.settings.trim_to_fraction * window) if window else 0
+
+
 def fed_next(deps: Deps, txn: Txn, key: bytes, run: Run, iteration: int, chosen: Plan, top: Summary | None,
              found: Candidates) -> bool:
     """Whether a summary of ``found`` recorded for the iteration after ``iteration`` would be fed in
-    its window, when the summary and that iteration's events take :func:`summary_room` together:
-    that window chosen as :func:`plan` would, over the log as it stands, one more turn and the
-    summary in force (``chosen`` the window of ``iteration``, where a cache-stable one starts from)."""
+    its window, when the summary and that iteration's events take :func:`summary_room` tokens and
+    :func:`summary_room_entries` entries together: that window chosen as :func:`plan` would, over
+    the log as it stands, one more turn and the summary in force (``chosen`` the window of
+    ``iteration``, where a cache-stable one starts from). The summary weighs the whole token room;
+    the next turn is as many events of no tokens as the entry room leaves beside the summary."""
     settings = run.settings
     budget = chosen.budget
-    records = read_counts(txn, deps.db, key, found.cut, chosen.end) + pack_count(0, iteration + 1, chosen.end)
+    next_turn = max(1, summary_room_entries(run) - 1)
+    records = read_counts(txn, deps.db, key, found.cut, chosen.end) + b"".join(
+        pack_count(0, iteration + 1, chosen.end + k) for k in range(next_turn))
     stack = feedable_tokens(txn, deps.db, key, top, budget, settings.transcript_window, run.incarnation)
     if top is not None and found.ids[:1] == (top.ref,):
         stack = stack[:-1]  # a recursive summary replaces the one in force

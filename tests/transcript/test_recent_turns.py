@@ -260,3 +260,41 @@ def test_the_recent_turns_stay_in_the_window(start_server, counters, policy: str
     # The rule was checked where it acts (measured: 4-42 moves, 9-33 clearings, 3-9 summaries).
     assert host.checked["moves"] >= 3 and (host.checked["clearings"] > 0) == clearing, host.checked
     assert (host.checked["summaries"] > 0) == (summaries != "off"), host.checked
+
+
+@pytest.mark.parametrize("policy", ["cache_stable", "max_fill"])
+def test_a_summary_asked_for_is_fed_within_transcript_window(start_server, counters, policy: str) -> None:
+    """compaction.due foresees the window's entries too: a summary asked for is fed in the next
+    window when it and that turn's events take no more than the room trim_to_fraction leaves,
+    in tokens and in entries (transcript_window 16, trim 0.6: 7 entries). Found by the
+    specification's long run: the foresight weighed the next turn as one entry, so a summary
+    asked for was not fed once the next turn brought three."""
+    count = counters.get("o200k_base").count
+    budget, window = 3000, 16
+    room_tokens, room_entries = budget - int(TRIM * budget), window - int(TRIM * window)
+    stub = start_server(token_counter="o200k_base", transcript_token_budget=budget, transcript_window=window,
+                        keep_last_turns=1, summarization=True, window_policy=policy).stub
+    rng = random.Random(12)
+    asked: dict[int, tuple[str, int]] = {}
+    checked = 0
+    for turn in range(1, 80):
+        events = [pb.Event(event_id=f"u{turn}", role="user", content=say(rng, rng.randint(150, 350)))]
+        if rng.random() < 0.5:
+            events.append(pb.Event(event_id=f"a{turn}", role="assistant", content=say(rng, rng.randint(50, 150))))
+        if rng.random() < 0.5:
+            events.append(pb.Event(event_id=f"b{turn}", role="assistant", content=say(rng, rng.randint(20, 60))))
+        answer = stub.AssembleContext(pb.AssembleContextRequest(run_id="run", iteration=turn, append_events=events))
+        if turn in asked:
+            ref, summary_tokens = asked[turn]
+            turn_tokens = sum(count(event.content) for event in events)
+            if summary_tokens + turn_tokens <= room_tokens and 1 + len(events) <= room_entries:
+                assert ref in answer.event_ids, f"turn {turn}: the summary asked for is not fed " \
+                                                f"({len(answer.entries)} entries of {window})"
+                checked += 1
+        due = answer.compaction
+        if due.due and due.candidate_event_ids:
+            text = f"Summary of turns up to {turn}."
+            recorded = stub.RecordSummary(pb.RecordSummaryRequest(
+                run_id="run", iteration=turn + 1, replaced_event_ids=due.candidate_event_ids, summary_text=text))
+            asked[turn + 1] = (recorded.summary_ref, count(text))
+    assert checked >= 3, f"summaries asked for and checked: {checked} of {len(asked)}"
