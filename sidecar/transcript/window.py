@@ -396,8 +396,10 @@ def clip_mandatory(counter: TokenCounter, events: list[StoredEvent], budget: int
     token_budget_exceeded when no such cap exists."""
     frames = [clip_frame(event) for event in events]
     sizes = [event.tokens for event in events]
-    floors = [counter.marked_minimum(event.tokens, opening, closing, quote) if event.tokens else 0
-              for event, (opening, _, closing, quote) in zip(events, frames)]
+    # The marker counts what it elides: all of ``inside`` (a block's content, not its lines).
+    floors = [counter.marked_minimum(event.tokens if inside == event.content else counter.count(inside),
+                                     opening, closing, quote) if event.tokens else 0
+              for event, (opening, inside, closing, quote) in zip(events, frames)]
     cap = fair_cap(sizes, floors, budget)
     if cap is None:
         raise _over_budget(budget)
@@ -406,7 +408,7 @@ def clip_mandatory(counter: TokenCounter, events: list[StoredEvent], budget: int
         target = max(cap, floor)
         if event.tokens > target:
             text = counter.clip(inside, target, opening, closing, quote)
-            if not text:  # the marker of the content's own count would not fit where the whole's did
+            if not text:  # no marked form fits (a guard: the floor is the smallest one's count)
                 raise _over_budget(budget)
             clipped[event.seq] = text
     return clipped

@@ -173,6 +173,26 @@ def test_a_clipped_tool_result_keeps_its_block_whole(start_server, counters) -> 
     assert result.tokens == count(result.text) and answer.token_count == sum(e.tokens for e in answer.entries) <= 50
 
 
+def test_a_clipped_block_at_its_smallest_form_elides_its_content_alone(start_server) -> None:
+    """A block's smallest clipped form is its lines around the marker of its *content* elided, so
+    the common cap is measured against that: a block over the cap is fed exactly so, and the
+    other events share all the rest. (Measured with the whole block's count, whose marker has one
+    digit more here, the block was fed one unit over its smallest form and the reply one under
+    the common cap.)"""
+    stub = start_server(token_counter="chars", transcript_token_budget=252).stub
+    question = "Turn 2: kettle warehouse policy?"  # 32 chars; fenced, 166
+    reply = "Answer 2: " + "status of a kettle, 1234 invoices " * 5
+    answer = stub.AssembleContext(pb.AssembleContextRequest(run_id="run", iteration=1, append_events=[
+        ev("u", content=question, untrusted=True), ev("a", role="assistant", content=reply)]))
+    block, clipped_reply = answer.entries
+    smallest = f'<{KEYWORD} source="data">\n{PREAMBLE}\n\n[... {len(question)} chars elided ...]\n{BLOCK_TAIL}'
+    assert block.clipped_from_tokens == len(fence(question, "data")) >= 100 > len(question)
+    assert (block.text, block.tokens) == (smallest, len(smallest)), "the block at its smallest form"
+    assert clipped_reply.clipped_from_tokens == len(reply) > 252 - len(smallest)
+    assert clipped_reply.tokens == len(clipped_reply.text) == 252 - len(smallest), "the reply takes the rest"
+    assert answer.token_count == 252
+
+
 def test_a_block_that_cannot_keep_its_lines_within_the_budget_is_refused(start_server) -> None:
     stub = start_server(token_counter="o200k_base", transcript_token_budget=25).stub
     stub.OpenRun(pb.OpenRunRequest(run_id="run"))
