@@ -118,9 +118,11 @@ def _never(tool_name: str, call_id: str, text: str, original_tokens: int, fed_to
 
 
 def before_plan(deps: Deps, settings: ClearingSettings, writer: LogWriter, iteration: int, budget: int,
-                decide: bool = True, cold: bool = False) -> bool:
+                run_budget: int, decide: bool = True, cold: bool = False) -> bool:
     """At an assembly of ``iteration``, before its window is chosen (``writer`` flushed): keep the
-    clips of the last window fed, then clear tool results if the transcript passed the trigger
+    clips of the last window fed (within half of ``run_budget``, the run's: a call's tighter
+    ``max_transcript_tokens`` changes its own window alone, not what later turns are fed), then
+    clear tool results if the transcript passed the trigger (of ``budget``, the call's)
     (unless not ``decide``: a replay fork clears where its source did, ``clear_as_recorded``).
     ``cold``: the provider's cache is, at this first assembly of the iteration: the trigger is
     then the run's trim_to_fraction if lower, and any step is big enough (nothing cached is
@@ -128,7 +130,7 @@ def before_plan(deps: Deps, settings: ClearingSettings, writer: LogWriter, itera
     run = writer.run
     if run.settings.token_counter == "host-defined":
         return False  # host-defined text cannot be counted: a placeholder's count would be a guess
-    changed = _keep_clips(deps, writer, iteration, budget)
+    changed = _keep_clips(deps, writer, iteration, run_budget)
     if changed:
         writer.flush()  # the clearing reads the counts as they now stand
     # Only at the log's newest iteration: an older one (assembled again, or before events the
@@ -141,7 +143,7 @@ def before_plan(deps: Deps, settings: ClearingSettings, writer: LogWriter, itera
 
 def _keep_clips(deps: Deps, writer: LogWriter, iteration: int, budget: int) -> bool:
     """The events the last window fed clipped are fed clipped from now on, at most half the
-    budget each: clipped in its own turn to all the room the turn left, a result could never
+    run's ``budget`` each: clipped in its own turn to all the room the turn left, a result could never
     sit beside the next turn, and the window would drop it and all before it (measured at an
     800-token budget: 5 entries and 157 tokens on the next turn, the same as fed whole)."""
     txn, db, key, run = writer.txn, writer.db, writer.key, writer.run

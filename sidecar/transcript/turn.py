@@ -207,7 +207,7 @@ class Turn:
         layout = self._services.contexts.layout(txn, self.key, run, self.run_id)
         limit = _tighter(self.max_transcript_tokens, layout)
         cold = self._cold(txn, run)
-        refed, replayed = self._refeed(writer, limit, replayed, cold)
+        refed, replayed = self._refeed(writer, limit, _tighter(None, layout), replayed, cold)
         chosen, top = plan(self._deps, txn, self.key, run, self.iteration, limit, cold)
         record = window_at(txn, self._db, self.key, self.iteration)
         if record is not None and not refed and _unchanged(chosen, record, run):
@@ -236,9 +236,10 @@ class Turn:
     def _now_ms(self) -> int:
         return int(self._services.clock() * 1000)
 
-    def _refeed(self, writer: LogWriter, limit: int, replayed: bool, cold: bool) -> tuple[bool, bool]:
+    def _refeed(self, writer: LogWriter, limit: int, room: int, replayed: bool, cold: bool) -> tuple[bool, bool]:
         """Tool results cleared (and earlier clips kept) before the window is chosen, so the
         choice weighs what is fed; a replay fork then reaches the source's summaries after them.
+        ``limit``: the call's transcript budget; ``room``: the run's, without the call's own cap.
         Whether the log changed, and whether a source's summary was recorded again."""
         run = writer.run
         # A replay fork clears where its source did, whatever this sidecar's settings say: a
@@ -246,8 +247,8 @@ class Turn:
         # after it could not be reused.
         log_end = run.next_seq
         refed = clearing.before_plan(self._deps, self._services.clearing, writer, self.iteration,
-                                     effective_budget(self._deps, run, limit), decide=forks.decides_clearings(writer),
-                                     cold=cold)
+                                     effective_budget(self._deps, run, limit), effective_budget(self._deps, run, room),
+                                     decide=forks.decides_clearings(writer), cold=cold)
         if run.replay_pending:
             forks.after_own_entries(writer, log_end)
             log_end = run.next_seq

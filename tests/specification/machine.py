@@ -14,6 +14,7 @@ Every request goes to all three sidecars, whose answers (or errors) must be equa
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from dataclasses import dataclass, field
@@ -332,7 +333,7 @@ class SpecificationMachine(RuleBasedStateMachine):
         verbatim = [e for e in entries if e.type != SUMMARY_TYPE]
         if verbatim:
             run.model.remember(answer.iteration, verbatim[0].seq,
-                               [(e.event_id, e.text, e.tokens, e.clipped_from_tokens) for e in verbatim])
+                               [(e.event_id, e.text, e.tokens, e.clipped_from_tokens) for e in verbatim], records)
 
     def check_replay(self, run: HostRun, answer: pb.AssembleContextResponse) -> None:
         """A replay fork is fed, at every iteration it replays, the window its source was fed."""
@@ -413,14 +414,12 @@ class SpecificationMachine(RuleBasedStateMachine):
         # The fork carries the windows of the iterations entirely below from_seq, and with them
         # where a cache-stable start stands and which events were clipped.
         fork.model.starts = {i: start for i, start in source.model.starts.items() if i in fork.answers}
+        # A clip is the fork's when it carries the window that made it (its re-cut on the next
+        # turn, at half the run's budget, the fork makes alike); else the fork never clipped the
+        # event: it feeds it whole, or clips it in its own turn of that iteration.
         carried_ids = {event.event_id for event in carried}
-        fork.model.clipped = {k: v for k, v in source.model.clipped.items() if k in carried_ids}
-        # A clip is made in its own turn and may be cut again on the next: the model knows the
-        # fork's form of it only when the fork carries both windows.
-        fork.model.undecided = any(event_id not in source.model.fresh or
-                                   {source.model.fresh[event_id], source.model.fresh[event_id] + 1} - set(fork.answers)
-                                   for event_id in fork.model.clipped) or source.model.undecided
-        fork.model.fresh = {k: v for k, v in source.model.fresh.items() if k in fork.model.clipped}
+        fork.model.clips = {event_id: dataclasses.replace(clip) for event_id, clip in source.model.clips.items()
+                            if event_id in carried_ids and clip.made in fork.answers}
         fork_log = self.log(fork)
         assert carried == [e for e in fork_log if e.type not in ("context.summarized", "context.cleared")], \
             "a fork carries its source's log below from_seq"

@@ -18,8 +18,8 @@ What it models (:meth:`RunModel.window`), the rest being checked as properties o
 - the active turn clipped when it alone passes the budget: the common cap (water-filling) and
   which events are clipped to it. The exact bytes of a clip (how many head and tail tokens) are
   not specified beyond "head, marker, tail, at most the cap"; the model checks those and adopts
-  the clipped text, which is then fed at that size on later turns ("an event clipped in its own
-  turn stays clipped").
+  the clipped text, which is then fed on later turns ("an event clipped in its own turn stays
+  clipped"), from the next turn on cut to at most half the run's budget (:class:`Clip`).
 
 Not modelled (the model says so by returning ``None``, and only the properties are checked):
 windows with summaries in the log, and windows where tool-result clearing has started.
@@ -131,6 +131,20 @@ class Refusal:
 
 
 @dataclass
+class Clip:
+    """An event clipped in its own turn (the active turn alone over the budget): fed so on later
+    turns, and from the next turn on cut to at most half the run's budget when it is larger and
+    its smallest marked form (``floor``) fits that (docs/transcript.md). The re-cut is made at the
+    next turn whether or not that turn feeds the event; the model adopts its bytes once fed."""
+
+    made: int  # the iteration whose own window clipped it
+    text: str
+    tokens: int
+    floor: int  # the tokens of its smallest marked form
+    recut: tuple[str, int] | None = None  # (text, tokens) fed from the next turn on, once seen
+
+
+@dataclass
 class RunModel:
     """One run's rules and what the model remembers of it: the start of each window it chose (a
     cache-stable start stays put) and the clipped form of each event clipped in its own turn."""
@@ -141,10 +155,8 @@ class RunModel:
     window_policy: str
     trim_to_fraction: float
     clearing: bool = False  # [context.clearing]: a clearing may avert a refusal the model would see
-    undecided: bool = False  # a fork whose carried clips the model cannot tell: it decides nothing
     starts: dict[int, int] = field(default_factory=dict)  # iteration -> seq of its window's first event
-    clipped: dict[str, tuple[str, int]] = field(default_factory=dict)  # event id -> (fed text, its tokens)
-    fresh: dict[str, int] = field(default_factory=dict)  # event id -> iteration whose own turn clipped it
+    clips: dict[str, Clip] = field(default_factory=dict)  # event id -> how its own turn clipped it
 
     def events(self, log: list[dict]) -> list[Event]:
         sizes = counts(self.counter, [record["content"] for record in log])
@@ -152,37 +164,33 @@ class RunModel:
                       record["content"], record["call_id"], record["tool_name"], size)
                 for record, size in zip(log, sizes)]
 
-    def fed_tokens(self, event: Event, iteration: int = 0, budget: int = 0) -> int:
-        kept = self.clipped.get(event.event_id)
-        if kept is None:
-            return event.tokens
-        if self.reclipped(event, iteration, budget):
-            return budget // 2
-        return kept[1]
+    def recut(self, clip: Clip) -> bool:
+        """Whether a clip is cut again from the next turn on: to half the run's budget, not a
+        call's tighter ``max_transcript_tokens`` (which changes that call's window alone)."""
+        return clip.tokens > self.budget // 2 and clip.floor <= self.budget // 2
 
-    def reclipped(self, event: Event, iteration: int, budget: int) -> bool:
-        """A clip kept from the previous turn's own turn is fed, from the next turn on, at most
-        half the budget (sidecar/transcript/clearing.py; docs/transcript.md): fed at all the room
-        its turn left, it could never sit beside the next turn."""
-        kept = self.clipped.get(event.event_id)
-        if kept is None or event.event_id not in self.fresh or not budget:
-            return False
-        previous = max((i for i in self.starts if i < iteration), default=-1)
-        return self.fresh[event.event_id] == previous and kept[1] > budget // 2 \
-            and self.marked_minimum(event) <= budget // 2
+    def fed_form(self, event: Event, iteration: int) -> tuple[str | None, int, int]:
+        """What ``event`` is fed as at ``iteration`` before the active turn is clipped: its text
+        (None: a re-cut not seen fed yet, whose bytes the model does not fix) and the most and the
+        fewest tokens it may count."""
+        clip = self.clips.get(event.event_id)
+        if clip is None:
+            return event.content, event.tokens, event.tokens
+        if iteration > clip.made and self.recut(clip):
+            if clip.recut is not None:
+                return clip.recut[0], clip.recut[1], clip.recut[1]
+            return None, self.budget // 2, clip.floor
+        return clip.text, clip.tokens, clip.tokens
 
-    def fed_entry(self, event: Event, iteration: int, budget: int) -> Entry:
-        if self.reclipped(event, iteration, budget):
-            return Entry(event.event_id, None, True, budget // 2)
-        kept = self.clipped.get(event.event_id)
-        return Entry(event.event_id, kept[0] if kept else event.content, kept is not None)
+    def fed_entry(self, event: Event, iteration: int) -> Entry:
+        text = self.fed_form(event, iteration)[0]
+        clipped = event.event_id in self.clips
+        return Entry(event.event_id, text, clipped, self.budget // 2 if text is None else 0)
 
     def window(self, log: list[dict], iteration: int, budget: int | None = None) -> Window | Refusal | None:
         """What iteration ``iteration`` is fed, from the log (every entry, any iteration), or the
         refusal; ``None`` where the model does not decide (summaries, clearing)."""
         budget = min(budget or self.budget, self.budget)
-        if self.undecided:
-            return None
         every = [event for event in self.events(log) if event.iteration <= iteration]
         if any(not event.is_host_event for event in every):
             return None  # a summary (or a clearing) is in the log: not modelled
@@ -193,39 +201,47 @@ class RunModel:
         tail = events[mandatory:]
         if self.transcript_window and len(tail) > self.transcript_window:
             return Refusal("transcript_window_exceeded")
-        sizes = [self.fed_tokens(event, iteration, budget) for event in events]
+        forms = [self.fed_form(event, iteration) for event in events]
+        sizes = [most for _, most, _ in forms]
+        fewest = [least for _, _, least in forms]  # below ``sizes`` only for a re-cut not seen yet
         if sum(sizes[mandatory:]) > budget:
-            if self.clearing or any(event.event_id in self.clipped for event in tail):
+            if sum(fewest[mandatory:]) <= budget:
+                return None  # whether the tail fits depends on bytes the model does not fix
+            if self.clearing or any(event.event_id in self.clips for event in tail):
                 # Clearing the tail's older results may make it fit, and a clip kept from an
                 # earlier turn may be shared differently: the model decides only which events.
                 return Window(tuple(Entry(event.event_id, None, None, budget) for event in tail), tail[0].seq,
                               mandatory)
-            return self._clipped(tail, budget, events[mandatory].seq, mandatory, iteration)
-        previous = self.starts.get(max((i for i in self.starts if i < iteration), default=-1))
-        if self.window_policy == "cache_stable":
-            stayed = cache_stable_start(events, sizes, mandatory, budget, self.transcript_window, previous)
-            if stayed is None:
-                return None  # a move: not modelled yet (the recent turns' rule, issue 23 section 4)
-            position = stayed
-        else:
-            position = oldest_start(events, sizes, mandatory, budget, self.transcript_window)
+            return self._clipped(tail, sizes[mandatory:], budget, events[mandatory].seq, mandatory, iteration)
+        position = self._start(events, sizes, mandatory, budget, iteration)
+        if fewest != sizes and position != self._start(events, fewest, mandatory, budget, iteration):
+            return None  # where the window starts depends on bytes the model does not fix
+        if position is None:
+            return None  # a cache-stable move: not modelled yet (the recent turns' rule, issue 23 section 4)
         chosen = events[position:]
-        entries = tuple(self.fed_entry(event, iteration, budget) for event in chosen)
+        entries = tuple(self.fed_entry(event, iteration) for event in chosen)
         return Window(entries, chosen[0].seq, position)
 
-    def _clipped(self, tail: list[Event], budget: int, mandatory_seq: int, before: int,
+    def _start(self, events: list[Event], sizes: list[int], mandatory: int, budget: int,
+               iteration: int) -> int | None:
+        """The window's first position under the run's policy (None: a cache-stable move)."""
+        if self.window_policy == "cache_stable":
+            previous = self.starts.get(max((i for i in self.starts if i < iteration), default=-1))
+            return cache_stable_start(events, sizes, mandatory, budget, self.transcript_window, previous)
+        return oldest_start(events, sizes, mandatory, budget, self.transcript_window)
+
+    def _clipped(self, tail: list[Event], sizes: list[int], budget: int, mandatory_seq: int, before: int,
                  iteration: int) -> Window | Refusal:
-        sizes = [self.fed_tokens(event, iteration, budget) for event in tail]
-        # An event whose smallest marked form is not smaller than itself cannot be clipped.
-        floors = [min(size, self.marked_minimum(event)) if event.event_id not in self.clipped else size
-                  for event, size in zip(tail, sizes)]
+        # An event whose smallest marked form is not smaller than itself cannot be clipped (the
+        # tail holds no clip of an earlier turn here).
+        floors = [min(size, self.marked_minimum(event)) for event, size in zip(tail, sizes)]
         if sum(floors) > budget:
             return Refusal("token_budget_exceeded")  # even every event clipped to its marker does not fit
         cap = water_fill_cap(sizes, floors, budget)
         entries = []
         for event, size, floor in zip(tail, sizes, floors):
             if size <= cap or floor == size:
-                entries.append(self.fed_entry(event, iteration, budget))
+                entries.append(self.fed_entry(event, iteration))
             else:
                 entries.append(Entry(event.event_id, None, True, max(cap, floor)))
         return Window(tuple(entries), mandatory_seq, before)
@@ -236,20 +252,28 @@ class RunModel:
         closing line), or inside a tool call's JSON object."""
         if event.tool_name:  # a clipped tool call stays one JSON object (docs/transcript.md)
             elided = marker(count(self.counter, event.content), self.counter)
-            return count(self.counter, json.dumps({"clipped_arguments": elided}))
+            return count(self.counter, json.dumps({"clipped_arguments": elided}, separators=(",", ":")))
         opening, inner, closing = fence_lines(event.content)
         return count(self.counter, opening + marker(count(self.counter, inner), self.counter) + closing)
 
-    def remember(self, iteration: int, start: int, fed: list[tuple[str, str, int, int]]) -> None:
+    def remember(self, iteration: int, start: int, fed: list[tuple[str, str, int, int]], log: list[dict]) -> None:
         """After iteration ``iteration`` was answered as the model said: where its window starts,
-        and each event clipped in it (id, text, tokens, clipped_from_tokens), fed so from then on."""
+        and each event clipped in it (id, text, tokens, clipped_from_tokens), fed so from then on:
+        a clip made in this turn, or the re-cut of an earlier turn's, seen fed for the first time."""
         self.starts[iteration] = start
         for event_id, text, tokens, clipped_from in fed:
-            if clipped_from and not text.startswith(CLEARED_PLACEHOLDER):
-                if event_id not in self.clipped:
-                    self.fresh[event_id] = iteration
-                self.clipped[event_id] = (text, tokens)
-
+            if not clipped_from or text.startswith(CLEARED_PLACEHOLDER):
+                continue
+            clip = self.clips.get(event_id)
+            if clip is not None and iteration > clip.made:
+                if text in (clip.text, clip.recut and clip.recut[0]):
+                    continue
+                if clip.recut is None and self.recut(clip):
+                    clip.recut = (text, tokens)
+                    continue
+            # Clipped in this turn: its own, or an earlier event its active turn pulled in.
+            record = next(record for record in log if record["event_id"] == event_id)
+            self.clips[event_id] = Clip(iteration, text, tokens, self.marked_minimum(self.events([record])[0]))
 
 def fence_lines(content: str) -> tuple[str, str, str]:
     """An untrusted block as (its opening line and preamble, its content, its closing line): what

@@ -191,6 +191,42 @@ def test_an_oversized_result_stays_clipped_on_later_turns(start_server) -> None:
             [(e.event_id, e.text, e.tokens) for e in answer.entries]
 
 
+def test_a_tighter_call_does_not_cut_a_kept_clip_for_later_turns(start_server) -> None:
+    """A clip kept past its own turn is cut to half the run's budget, whatever the next call's
+    max_transcript_tokens: a call's tighter budget changes that call's window alone (an old clip
+    that does not fit it is left out, as any older event). Two runs alike but for a tight
+    second call are fed the same clip from the third turn on; the tight call used to cut it to
+    half its own budget, for the rest of the run. (Max-fill: a cache-stable start stays after
+    the tight call's window, which left the clip out.)"""
+    budget = 600
+    stub = start_server(token_counter="chars", transcript_token_budget=budget, window_policy="max_fill").stub
+    question = " ".join(f"line {n} of a long pasted report;" for n in range(80))  # 2,000 chars and more
+
+    def turn(run_id: str, iteration: int, content: str, limit: int | None = None) -> pb.AssembleContextResponse:
+        request = pb.AssembleContextRequest(run_id=run_id, iteration=iteration, append_events=[
+            pb.Event(event_id=f"u{iteration}", role="user", content=content)])
+        if limit is not None:
+            request.max_transcript_tokens = limit
+        return stub.AssembleContext(request)
+
+    fed: dict[str, dict[int, pb.AssembleContextResponse]] = {}
+    for run_id, second_limit in (("plain", None), ("tight", 200)):
+        fed[run_id] = {1: turn(run_id, 1, question), 2: turn(run_id, 2, "Go on.", second_limit),
+                       3: turn(run_id, 3, "And then?"), 4: turn(run_id, 4, "Thanks.")}
+    own = fed["plain"][1].entries[0]
+    assert own.clipped_from_tokens == len(question) > budget and own.tokens == len(own.text) <= budget
+    # The tight call is fed within its own budget: the clip, kept at half the run's, does not fit.
+    tight = fed["tight"][2]
+    assert [e.event_id for e in tight.entries] == ["u2"] and tight.omitted_events == 1
+    assert tight.token_count <= 200
+    for iteration in (2, 3, 4):
+        kept = fed["plain"][iteration].entries[0]
+        assert kept.event_id == "u1" and "chars elided" in kept.text
+        assert 200 // 2 < kept.tokens == len(kept.text) <= budget // 2
+    for iteration in (3, 4):
+        assert list(fed["tight"][iteration].entries) == list(fed["plain"][iteration].entries), iteration
+
+
 @pytest.mark.parametrize("policy", ["cache_stable", "max_fill"])
 def test_every_window_adds_up_with_the_defaults_on(start_server, policy: str) -> None:
     """Clearing, kept clips and the window policy together, at their defaults: on every turn of a
