@@ -105,6 +105,8 @@ class SpecificationMachine(RuleBasedStateMachine):
     counters = None  # the test sets the tiktoken counters, loaded once
     shared_urls = None  # a callable giving three new database URLs, or None for LMDB alone
     steps = 0  # steps tried, across examples (the long command reports it)
+    summaries_fed = 0  # summaries asked for, recorded by the host and checked fed, across examples
+    summaries_asked = 0  # summaries asked for and recorded by the host, across examples
 
     def __init__(self) -> None:
         super().__init__()
@@ -306,6 +308,7 @@ class SpecificationMachine(RuleBasedStateMachine):
             if answer.token_budget == budget and summary_tokens + turn_tokens <= room:
                 assert ref in refs, f"the summary asked for and recorded ({ref}, {summary_tokens} tokens, the " \
                                     f"turn's events {turn_tokens}, room {room}) is fed at iteration {answer.iteration}"
+                type(self).summaries_fed += 1
             run.asked = None
 
     def check_model(self, run: HostRun, answer: pb.AssembleContextResponse, log: list[pb.StoredEvent],
@@ -358,6 +361,7 @@ class SpecificationMachine(RuleBasedStateMachine):
             raise AssertionError(f"RecordSummary of the candidates compaction asked for was refused: "
                                  f"{refused.args}") from None
         run.asked = (answer.iteration + 1, recorded.summary_ref, answer.token_budget, recorded.tokens_after)
+        type(self).summaries_asked += 1
         run.summary_refs.append(recorded.summary_ref)
 
     # Between turns.

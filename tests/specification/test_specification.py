@@ -25,6 +25,7 @@ from hypothesis.stateful import run_state_machine_as_test
 from sidecar.text.counting import Counters
 from tests.helpers import Postgres
 from tests.specification.machine import SpecificationMachine
+from tests.specification.sidecars import Config
 
 SECONDS = float(os.environ.get("SIDECAR_SPEC_SECONDS", "0"))  # 0: the bounded CI run
 LONG = SECONDS > 0
@@ -62,13 +63,41 @@ def run_for(machine: type[SpecificationMachine], examples: int) -> None:
         if not LONG or time.monotonic() - started > SECONDS:
             break
     print(f"\nspecification ({machine.__name__}): {batches} batch(es) of {examples} examples, "
-          f"{machine.steps} steps, {len(failures)} failure(s), {time.monotonic() - started:.0f} s")
+          f"{machine.steps} steps, {machine.summaries_asked} host summaries asked for, {machine.summaries_fed} "
+          f"checked fed, {len(failures)} failure(s), {time.monotonic() - started:.0f} s")
     assert not failures, f"{len(failures)} failing sequence(s), printed above"
 
 
 def test_lmdb_alone(counters: Counters) -> None:
     machine = type("LmdbAlone", (SpecificationMachine,), {"counters": counters, "shared_urls": None, "steps": 0})
     run_for(machine, EXAMPLES)
+
+
+def test_a_host_summary_asked_for_is_fed(counters: Counters) -> None:
+    """CI's random examples are too short to reach compaction (25 steps, budgets up to 12,000):
+    this fixed sequence of steps, through the same machine and checks, does. A host records the
+    summary compaction asks for, across a restart, and it is fed at the next iteration; a replay
+    fork of the run is fed the source's windows, that summary included."""
+    machine = type("HostSummary", (SpecificationMachine,), {"counters": counters, "shared_urls": None, "steps": 0,
+                                                            "summaries_asked": 0, "summaries_fed": 0})
+    state = machine()
+    quiet = {"seed": 0, "user_words": 0, "untrusted": False, "calls": [], "cross_turn": False, "reply_words": 0,
+             "via_append": False, "render": "", "max_tokens": None}
+    try:
+        state.start(config=Config(token_counter="o200k_base", budget=600, window_policy="cache_stable",
+                                  clearing=True, summaries="host", keep_last_turns=1, transcript_window=0,
+                                  trim_to_fraction=0.6))
+        for seed in range(6):
+            state.turn(index=0, shape={**quiet, "seed": seed, "user_words": 12, "calls": ["small"], "reply_words": 30})
+            if seed == 3:
+                state.restart()
+        state.reassemble(index=0, back=1)
+        state.fork(index=0, where=0.2, mode="replay", depart=None)
+        for _ in range(6):
+            state.turn(index=1, shape=quiet)
+    finally:
+        state.teardown()
+    assert machine.summaries_fed >= 2, "the source's summary and the fork's are checked fed"
 
 
 @pytest.fixture(scope="module")
