@@ -25,7 +25,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from tests.helpers import rich_error
-from tests.specification.model import Refusal, RunModel, Window
+from tests.specification.model import SIDECAR_TYPES, Refusal, RunModel, Window
 from tests.specification.properties import SUMMARY_TYPE, check_seam, check_window, same_window
 from tests.specification.sidecars import Config, Trio
 
@@ -71,6 +71,13 @@ class HostRun:
     summary_refs: list[str] = field(default_factory=list)  # every summary of its log
     replay: Replay | None = None
     serial: int = 0
+
+
+def unsummarised(log: list[pb.StoredEvent]) -> list[pb.StoredEvent]:
+    """The host events of ``log`` that no summary in it replaced."""
+    replaced = {event_id for event in log if event.type == "context.summarized"
+                for event_id in json.loads(event.content)["replacedTurns"]}
+    return [event for event in log if event.type not in SIDECAR_TYPES and event.event_id not in replaced]
 
 
 turn_shapes = st.fixed_dictionaries({
@@ -468,9 +475,11 @@ class SpecificationMachine(RuleBasedStateMachine):
         elif kind == "too_tight":
             request = pb.AssembleContextRequest(run_id=run.run_id, iteration=iteration, append_events=[user],
                                                 max_transcript_tokens=1)
-        elif kind == "summary_gap" and len(before) > 3:
+        elif kind == "summary_gap" and len(unsummarised(before)) > 1:
+            # The newest event alone, leaving out the older unsummarised ones: a gap.
             request = pb.RecordSummaryRequest(run_id=run.run_id, iteration=iteration,
-                                              replaced_event_ids=[before[-2].event_id], summary_text="gap")
+                                              replaced_event_ids=[unsummarised(before)[-1].event_id],
+                                              summary_text="gap")
         elif kind == "active_summary" and before:
             request = pb.RecordSummaryRequest(run_id=run.run_id, iteration=run.iteration,
                                               replaced_event_ids=[e.event_id for e in before], summary_text="all")
