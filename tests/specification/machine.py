@@ -307,14 +307,19 @@ class SpecificationMachine(RuleBasedStateMachine):
             # compaction.due is said only when a summary of the candidates would be fed in the next
             # window, foreseen under the same budget with the summary weighing the room a move leaves
             # (docs/transcript.md): so it is fed when the host kept its summary and the turn's events
-            # within that room and did not tighten the budget.
+            # within that room, in tokens and in entries, and did not tighten the budget.
             _, ref, budget, summary_tokens = run.asked
             room = budget - int(self.config.trim_to_fraction * budget)
-            turn_tokens = sum(entry.tokens for entry in answer.entries
-                              if entry.type != SUMMARY_TYPE and entry.iteration == answer.iteration)
-            if answer.token_budget == budget and summary_tokens + turn_tokens <= room:
+            turn = [entry for entry in answer.entries
+                    if entry.type != SUMMARY_TYPE and entry.iteration == answer.iteration]
+            turn_tokens = sum(entry.tokens for entry in turn)
+            window = self.config.transcript_window
+            entries_room = window - int(self.config.trim_to_fraction * window) if window else len(turn) + 1
+            if answer.token_budget == budget and summary_tokens + turn_tokens <= room and \
+                    1 + len(turn) <= entries_room:
                 assert ref in refs, f"the summary asked for and recorded ({ref}, {summary_tokens} tokens, the " \
-                                    f"turn's events {turn_tokens}, room {room}) is fed at iteration {answer.iteration}"
+                                    f"turn's {len(turn)} events {turn_tokens}, room {room} tokens and " \
+                                    f"{entries_room} entries) is fed at iteration {answer.iteration}"
                 type(self).summaries_fed += 1
             run.asked = None
 
