@@ -434,7 +434,11 @@ class Postgres:
         self._databases = 0
 
     def _pg(self, program: str, *args: str) -> None:
-        subprocess.run([str(self._bin / program), *args], check=True, capture_output=True, user=self._user,
+        # As the postgres user through runuser, not subprocess's user=: changing user makes Python
+        # fork() rather than vfork(), and a fork of a process with gRPC's threads running can crash
+        # the child before its exec (pg_ctl "died with SIGSEGV" in CI, mid-test).
+        become = ["runuser", "-u", self._user, "--"] if self._user else []
+        subprocess.run([*become, str(self._bin / program), *args], check=True, capture_output=True,
                        cwd=self.folder, timeout=120)
 
     def start(self) -> None:
