@@ -1,6 +1,6 @@
 'use strict';
 
-// The clients' common bench protocol (benchmarks/client_bench.py says it in full), through
+// The clients' common bench protocol (benchmarks/_lib/client_bench.py says it in full), through
 // client.js: a run of 200 events, then N rounds of a health Check and an AssembleContext
 // re-assembling iteration 50 under 8000 tokens, each call timed; one line of JSON out.
 //

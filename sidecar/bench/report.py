@@ -24,7 +24,7 @@ Number = TypeVar("Number", int, float)
 
 def percentile(values: Sequence[Number], fraction: float) -> Number:
     """The value at ``fraction`` of the sorted values (nearest rank, the upper one: the p50 of
-    an even count is the higher middle value). benchmarks/harness.py uses this same definition."""
+    an even count is the higher middle value). benchmarks/_lib/harness.py uses this same definition."""
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(len(ordered) * fraction))]
 

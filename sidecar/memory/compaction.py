@@ -218,7 +218,7 @@ class BackgroundJob:
     def start(self) -> None:
         # A round is up to seconds of CPU-bound Python in this thread; a call served meanwhile
         # waits for the GIL up to the switch interval (5 ms by default) each of the few times it
-        # needs it. 0.2 ms keeps the job off the calls' p99 (benchmarks/compaction.py: p99 x1.2-1.5
+        # needs it. 0.2 ms keeps the job off the calls' p99 (benchmarks/bench_compaction.py: p99 x1.2-1.5
         # with it, x1.2-2.3 at 1 ms); a compaction of 1,000 entries took no measurably longer.
         sys.setswitchinterval(min(sys.getswitchinterval(), 0.0002))
         self._thread.start()

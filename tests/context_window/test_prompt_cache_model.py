@@ -1,4 +1,4 @@
-"""The provider cache models that benchmarks/cache_economics.py bills with, against sums worked by hand."""
+"""The provider cache models that benchmarks/bench_cache_economics.py bills with, against sums worked by hand."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from benchmarks.prompt_cache import (
+from benchmarks._lib.prompt_cache import (
     FRAMING_TOKENS,
     AnthropicCache,
     OpenAICache,

@@ -25,9 +25,9 @@ are reported, never means. Each kind's p50 is also given as a ratio to the sync 
 the same call, with a 95% interval bootstrapped over rounds.
 
 Run from the repository root, with the project's virtualenv active (the events are
-``benchmarks.corpus``'s, as in turn_latency):
+``benchmarks._lib.corpus``'s, as in bench_turn):
 
-    python -m benchmarks.server_kinds [--events 10000] [--rounds 400]
+    python -m benchmarks.bench_server_kinds [--events 10000] [--rounds 400]
 
 (``--serve KIND --storage DIR`` is the subprocess entry: it runs one server and prints
 ``context-sidecar serving on HOST:PORT`` when ready.)
@@ -58,7 +58,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from benchmarks import corpus
+from benchmarks._lib import corpus
+from benchmarks._lib.harness import add_smoke_flag, smoke
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
 from sidecar.settings import ContextSettings, ServerSettings, Settings, StorageSettings
@@ -124,14 +125,15 @@ async def serve_aio(kind: str, settings: Settings, services: Services) -> None:
     servicer = servicer_for(settings, services)
     health_servicer: Any
     if kind == "aio-inline":
-        add_servicer_to_server(servicer, server, on_the_loop)
-        # grpcio-health-checking ships an asyncio HealthServicer (grpc_health.v1.health.aio).
-        health_servicer = health.aio.HealthServicer()
+        # add_servicer_to_server is typed for the sync server; an aio server takes the same handlers.
+        add_servicer_to_server(servicer, server, on_the_loop)  # type: ignore[arg-type]
+        # grpcio-health-checking ships an asyncio HealthServicer (grpc_health.v1.health.aio; not in its stubs).
+        health_servicer = health.aio.HealthServicer()  # type: ignore[attr-defined]
     else:
         # Handlers "as they are": the sync ContextSidecar methods and production's sync health
         # servicer, all run in the migration pool, so the bare call also pays the pool hop
         # that every handler of this kind pays.
-        add_servicer_to_server(servicer, server)
+        add_servicer_to_server(servicer, server)  # type: ignore[arg-type]  # as above
         health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     # enable_server_reflection registers its asyncio servicer on an aio server by itself.
@@ -198,9 +200,10 @@ class Target:
 
 def launch(kind: str, storage: Path, timeout: float = 60.0) -> Target:
     process = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.server_kinds", "--serve", kind, "--storage", str(storage)],
+        [sys.executable, "-m", "benchmarks.bench_server_kinds", "--serve", kind, "--storage", str(storage)],
         stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parent.parent)
     # readline() would block forever on a server that hangs while starting.
+    assert process.stdout is not None  # a pipe: stdout=PIPE
     ready, _, _ = select.select([process.stdout], [], [], timeout)
     line = process.stdout.readline() if ready else ""
     if not line.startswith(READY):
@@ -360,7 +363,8 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1, help="seed of the generated events (default 1)")
     parser.add_argument("--serve", choices=KINDS, help=argparse.SUPPRESS)
     parser.add_argument("--storage", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    add_smoke_flag(parser)
+    args = smoke(parser.parse_args(), events=50, rounds=2, warmup=1)
     if args.serve:
         return serve(args.serve, args.storage)
     if args.events < 1 or args.rounds < 2:

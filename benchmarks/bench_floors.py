@@ -3,9 +3,9 @@
 A figure over the bare RPC says how many RPCs a call costs; over its floor it says how much more
 than any server would pay for the same answer or the same durable write. One real sidecar process
 (o200k counting, 32k budget, sync on: each write one durable commit) holds a run of --events
-corpus events (``compare_trees``'), a run with 50 summaries in force (``summaries``'), a run that
-AppendEvents grows, and a memory ref of --memory-entries entries (``memory``'s, put first by a
---no-sync sidecar on the same store). Beside it a floor server (``benchmarks/floor_server.py``, a
+corpus events, a run with 50 summaries in force, a run that AppendEvents grows, and a memory
+ref of --memory-entries entries (``_lib/workload.py``'s runs and ref, the ref put first by a
+--no-sync sidecar on the same store). Beside it a floor server (``_lib/floor_server.py``, a
 process of its own as the sidecar is) answers the sidecar's own answers from pre-built bytes and
 makes durable LMDB commits of the sizes the sidecar's writes make. Then, round by round, every
 call below once, so the drift of a shared machine hits figures and floors alike, in an order drawn
@@ -38,7 +38,7 @@ RPC's p50 by up to 16% here. Each row, a figure / its floor:
 - the same AppendEvents / all it cannot skip, in one handler of the floor server: reading the
   request, counting its 100 events with tiktoken, one durable commit of the bytes the call writes,
   and sending its answer (pre-built);
-- ListMemory by relevance (BM25, 2,000-token budget, ``memory``'s query: a word found in most
+- ListMemory by relevance (BM25, 2,000-token budget, the memory benchmark's query: a word found in most
   entries and two rare ones) / ListMemory by recency on the same ref.
 
 The bytes a call writes: before the rounds, each writing call runs 10 times, and the bytes its
@@ -51,7 +51,8 @@ floor's commits write is measured the same way and printed beside.
 ``figure / bare`` is over the sidecar's bare RPC (a health Check) in the same rounds; the Python
 client's row is over a health Check through ``sidecar.client``.
 
-    python -m benchmarks.floors [--rounds 300] [--events 10000] [--memory-entries 100000] [--json PATH] [--tree DIR]
+    python -m benchmarks.bench_floors [--rounds 300] [--events 10000] [--memory-entries 100000] [--json PATH]
+        [--tree DIR]
 """
 
 from __future__ import annotations
@@ -67,22 +68,33 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from benchmarks import compare_trees, corpus, floor_server, memory, summaries
-from benchmarks.harness import Samples, Serving, channel_to, interleaved, serving, sidecar_process, sidecar_serving
+from benchmarks._lib import corpus, floor_server, workload
+from benchmarks._lib.harness import (
+    Samples,
+    Serving,
+    add_smoke_flag,
+    channel_to,
+    interleaved,
+    serving,
+    sidecar_process,
+    sidecar_serving,
+    smoke,
+)
 from sidecar.client import Client
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
 from sidecar.text.encodings import load_encoding
 from sidecar.wire.server import SERVICE_NAME
 
-FLAGS = ["--token-counter", "o200k_base", "--transcript-token-budget", str(compare_trees.BUDGET)]
+FLAGS = ["--token-counter", "o200k_base", "--transcript-token-budget", str(workload.BUDGET)]
 SMALL_BUDGET = 8000
-STACKED, APPENDED, WARMUP = compare_trees.STACKED, compare_trees.APPENDED, compare_trees.WARMUP
+STACKED = 50  # summaries in force on the stacked run
+APPENDED, WARMUP = workload.APPENDED, workload.WARMUP
 CALIBRATION = 10  # calls of each writing call to measure the bytes it writes
 # A put into the floor's small environment writes its value's overflow pages (a 16-byte page
 # header, then the value) and two pages more: its leaf and the meta page.
@@ -137,7 +149,7 @@ def written_per_call(pid: int, call: Callable[[], object]) -> int:
 def load_memory(storage: Path, entries: int) -> float:
     """Put the memory ref with a --no-sync sidecar (loading only); the seconds it took."""
     with sidecar_process(storage, ["--no-sync"]) as channel:
-        return memory.load(pb_grpc.ContextSidecarStub(channel), entries)
+        return workload.load_memory(pb_grpc.ContextSidecarStub(channel), entries)
 
 
 def load_sidecar(channel: grpc.Channel, client: Client, events: int, rounds: int) -> Sidecar:
@@ -145,30 +157,31 @@ def load_sidecar(channel: grpc.Channel, client: Client, events: int, rounds: int
     the rounds re-assemble."""
     stub, health = pb_grpc.ContextSidecarStub(channel), health_pb2_grpc.HealthStub(channel)
     new_contents = corpus.contents(512, seed=7)
-    run = compare_trees.calls_for(channel, events, new_contents)
-    whole = run["assemble"]()
-    small = {"run_id": compare_trees.RUN, "iteration": whole.iteration - 1, "max_transcript_tokens": SMALL_BUDGET}
+    run = workload.calls_for(channel, events, new_contents)
+    whole = cast(pb.AssembleContextResponse, run["assemble"]())
+    small: dict[str, Any] = {"run_id": workload.RUN, "iteration": whole.iteration - 1,
+                             "max_transcript_tokens": SMALL_BUDGET}
     small_answer = client.assemble_context(**small)  # persists the window the rounds re-assemble
-    state = summaries.build(stub, STACKED)
-    pinned = pb.AssembleContextRequest(run_id=summaries.RUN, iteration=state["iteration"] - 1)
+    state = workload.build_stacked(stub, STACKED)
+    pinned = pb.AssembleContextRequest(run_id=workload.STACKED_RUN, iteration=state["iteration"] - 1)
     stacked_answer = stub.AssembleContext(pinned)
-    stacked = summaries.writing_calls(stub, state, corpus.contents(rounds + 64, seed=11))
+    stacked = workload.stacked_writes(stub, state, corpus.contents(rounds + 64, seed=11))
     texts = corpus.contents(APPENDED, seed=13)
     # The rounds' appends, the calibration's (``written_per_call``) and one for the floor's answer.
-    appends = compare_trees.append_requests(texts, WARMUP + rounds + CALIBRATION + 1)
-    recency = pb.ListMemoryRequest(memory_ref=memory.REF, token_budget=memory.BUDGET)
-    relevance = pb.ListMemoryRequest(memory_ref=memory.REF, token_budget=memory.BUDGET, rank="relevance",
-                                     query=memory.QUERY)
+    appends = workload.append_requests(texts, WARMUP + rounds + CALIBRATION + 1)
+    recency = pb.ListMemoryRequest(memory_ref=workload.MEMORY_REF, token_budget=workload.MEMORY_BUDGET)
+    relevance = pb.ListMemoryRequest(memory_ref=workload.MEMORY_REF, token_budget=workload.MEMORY_BUDGET,
+                                     rank="relevance", query=workload.QUERY)
     newest = [whole.iteration]
 
     def turn() -> Any:
-        answer = run["turn"]()
+        answer = cast(pb.AssembleContextResponse, run["turn"]())
         newest[0] = answer.iteration
         return answer
 
     def retry() -> Any:  # the newest iteration again, the first time since its turn: planned again, built
-        return stub.AssembleContext(pb.AssembleContextRequest(run_id=compare_trees.RUN, iteration=newest[0],
-                                                              max_transcript_tokens=compare_trees.BUDGET))
+        return stub.AssembleContext(pb.AssembleContextRequest(run_id=workload.RUN, iteration=newest[0],
+                                                              max_transcript_tokens=workload.BUDGET))
 
     calls = {"bare": lambda: health.Check(health_pb2.HealthCheckRequest()), "client bare": client.check_health,
              "assemble 32k": run["assemble"], "client assemble 8k": lambda: client.assemble_context(**small),
@@ -178,17 +191,18 @@ def load_sidecar(channel: grpc.Channel, client: Client, events: int, rounds: int
              "relevance": lambda: stub.ListMemory(relevance), "recency": lambda: stub.ListMemory(recency)}
     turn_event = pb.Event(event_id="floor", role="user", content=new_contents[0])
     requests = {
-        "assemble 32k": pb.AssembleContextRequest(run_id=compare_trees.RUN, iteration=whole.iteration,
-                                                  max_transcript_tokens=compare_trees.BUDGET),
+        "assemble 32k": pb.AssembleContextRequest(run_id=workload.RUN, iteration=whole.iteration,
+                                                  max_transcript_tokens=workload.BUDGET),
         "client assemble 8k": small, "stacked assemble": pinned,
-        "turn": pb.AssembleContextRequest(run_id=compare_trees.RUN, iteration=whole.iteration + 1,
-                                          append_events=[turn_event], max_transcript_tokens=compare_trees.BUDGET),
-        "stacked turn": pb.AssembleContextRequest(run_id=summaries.RUN, iteration=state["iteration"],
+        "turn": pb.AssembleContextRequest(run_id=workload.RUN, iteration=whole.iteration + 1,
+                                          append_events=[turn_event], max_transcript_tokens=workload.BUDGET),
+        "stacked turn": pb.AssembleContextRequest(run_id=workload.STACKED_RUN, iteration=state["iteration"],
                                                   append_events=[turn_event]),
-        "record": pb.RecordSummaryRequest(run_id=summaries.RUN, iteration=state["iteration"], strategy="recursive",
+        "record": pb.RecordSummaryRequest(run_id=workload.STACKED_RUN, iteration=state["iteration"],
+                                          strategy="recursive",
                                           replaced_event_ids=[state["refs"][-1], state["unsummarised"][0]],
-                                          summary_text=summaries.summary_text(STACKED)),
-        "append": next(compare_trees.append_requests(texts, 1))}
+                                          summary_text=workload.summary_text(STACKED)),
+        "append": next(workload.append_requests(texts, 1))}
     answers = {"assemble 32k": whole, "client assemble 8k": small_answer, "stacked assemble": stacked_answer}
     details = {name: f"{len(answer.entries)} entries, {answer.ByteSize() / 1024:.0f} KiB"
                for name, answer in answers.items()}
@@ -220,7 +234,7 @@ def floor_server_for(folder: Path, answers: dict[str, Any], commit_bytes: dict[s
         path = folder / f"{method}.bin"
         path.write_bytes(answer.SerializeToString())
         arguments += [option, f"{method}={floor_put_size(commit_bytes[figure])}:{path}"]
-    with serving([sys.executable, "-m", "benchmarks.floor_server", *arguments], floor_server.READY) as server:
+    with serving([sys.executable, "-m", "benchmarks._lib.floor_server", *arguments], floor_server.READY) as server:
         yield server
 
 
@@ -345,7 +359,8 @@ def main() -> None:
     parser.add_argument("--memory-entries", type=int, default=100_000, help="entries in the memory ref")
     parser.add_argument("--json", type=Path, help="also write the figures here, as JSON")
     parser.add_argument("--tree", type=Path, help="run the sidecar of this source tree (fastcore compiled in place)")
-    args = parser.parse_args()
+    add_smoke_flag(parser)
+    args = smoke(parser.parse_args(), rounds=1, events=200, memory_entries=50)
     result = measure(args)
     print_report(result)
     if args.json:

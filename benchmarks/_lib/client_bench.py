@@ -2,7 +2,7 @@
 
 Every client (Python here, clients/node/bench.js, clients/go's cmd/bench, clients/java's Bench)
 runs the same program against a sidecar that is already running, so one run of
-``benchmarks.clients`` compares them on one server:
+``benchmarks.bench_clients`` compares them on one server:
 
 1. OpenRun "bench-<lang>" (token_counter o200k_base, transcript_token_budget 8000);
 2. AppendEvents of 200 events: event i (0-based) has id "e<i>", iteration i // 4 + 1, role
@@ -20,7 +20,7 @@ requests built once (client "python-stubs"), and times sidecar.client's in the s
 rotating order (``client_health_p50_us``, ``client_assemble_p50_us``): the difference is what the
 client itself costs, free of the drift between two runs.
 
-    python -m benchmarks.client_bench --target 127.0.0.1:50051 [--rounds 300] [--stubs]
+    python -m benchmarks._lib.client_bench --target 127.0.0.1:50051 [--rounds 300] [--stubs]
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from collections.abc import Callable
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from benchmarks.harness import interleaved
+from benchmarks._lib.harness import interleaved
 from sidecar.bench.report import percentile
 from sidecar.client import Client
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb

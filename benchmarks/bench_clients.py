@@ -3,7 +3,7 @@
 Starts ONE real sidecar process, then runs each available client's implementation of the common
 bench protocol (``benchmarks/client_bench.py`` says it in full) against it, one after the other:
 
-- python: ``python -m benchmarks.client_bench`` (sidecar.client)
+- python: ``python -m benchmarks._lib.client_bench`` (sidecar.client)
 - python-stubs: the same with ``--stubs``: the generated stubs, no client, and the client timed
   in the same rounds (what the client adds, printed under the table)
 - node:   ``node clients/node/bench.js`` (clients/node/client.js; needs its node_modules)
@@ -14,7 +14,7 @@ A language whose program or tool is missing is skipped, saying so. Each program 
 of JSON; the table sets them side by side: the health Check p50 (the floor of any call from that
 client), AssembleContext re-assembling an 8k window p50, and their ratio.
 
-    python -m benchmarks.clients [--rounds 300] [--clients python-stubs,python,node,go,java] [--markdown]
+    python -m benchmarks.bench_clients [--rounds 300] [--clients python-stubs,python,node,go,java] [--markdown]
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.harness import sidecar_address
+from benchmarks._lib.harness import add_smoke_flag, sidecar_address, smoke
 
 ROOT = Path(__file__).resolve().parent.parent
 CLIENTS = ROOT / "clients"
@@ -38,7 +38,7 @@ def command(language: str, target: str, rounds: int) -> tuple[list[str], Path] |
     args = ["--target", target, "--rounds", str(rounds)]
     if language in ("python", "python-stubs"):
         stubs = ["--stubs"] if language == "python-stubs" else []
-        return [sys.executable, "-m", "benchmarks.client_bench", *args, *stubs], ROOT
+        return [sys.executable, "-m", "benchmarks._lib.client_bench", *args, *stubs], ROOT
     if language == "node":
         if not (CLIENTS / "node" / "bench.js").is_file():
             return "clients/node/bench.js is missing"
@@ -86,7 +86,9 @@ def main() -> None:
     parser.add_argument("--clients", default="python-stubs,python,node,go,java",
                         help="languages, comma-separated, in order")
     parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
-    args = parser.parse_args()
+    add_smoke_flag(parser)
+    # The smoke runs the Python client alone: building the Go and Java programs takes minutes.
+    args = smoke(parser.parse_args(), rounds=2, clients="python-stubs,python")
     results: dict[str, dict | str] = {}
     with tempfile.TemporaryDirectory(prefix="sidecar-clients-") as tmp:
         with sidecar_address(Path(tmp) / "lmdb", ["--token-counter", "o200k_base"]) as target:
@@ -111,6 +113,8 @@ def main() -> None:
     for language, result in results.items():
         if isinstance(result, str):
             print(f"{language}: skipped: {result}")
+    if args.smoke and any(isinstance(result, str) for result in results.values()):
+        raise SystemExit("--smoke: every client asked for must run")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ entry rewrites whatever it is, are left out (bounded by 128 entries a chunk). Al
 The bytes per summary must not depend on how many summaries came before: the ratio of the last
 summary's bytes to the 10th's must stay <= 1.2.
 
-    python -m benchmarks.summary_bytes [--summaries 2000]
+    python -m benchmarks.bench_summary_bytes [--summaries 2000]
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import lmdb
 
-from benchmarks.harness import sidecar_process
+from benchmarks._lib.harness import add_smoke_flag, sidecar_process, smoke
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
 from sidecar.storage.databases import DATABASES
@@ -60,7 +60,8 @@ def bytes_written(txn: lmdb.Transaction, db: dict, key: bytes, index: int) -> in
     """The key and value bytes of every record summary ``index`` (0-based) wrote."""
     summary_key = key + be32(index)
     stored = txn.get(summary_key, db=db["summaries"])
-    summary = Summary.parse(stored)  # either layout
+    assert stored is not None, f"summary {index} was not written"
+    summary = Summary.parse(bytes(stored))  # either layout
     seq_key = key + be32(summary.seq)
     artifact_key = key + summary.ref.encode("utf-8")
     entry_id_key = key + f"{SIDECAR_ID_PREFIX}{SUMMARIZED_TYPE}:{index}".encode()
@@ -104,7 +105,8 @@ def measure(summaries: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--summaries", type=int, default=2000)
-    args = parser.parse_args()
+    add_smoke_flag(parser)
+    args = smoke(parser.parse_args(), summaries=10)
     if args.summaries < 10:
         parser.error("--summaries must be at least 10")
     if measure(args.summaries) > MAX_RATIO:

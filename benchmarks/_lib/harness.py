@@ -1,14 +1,16 @@
 """What the benchmarks share: a real sidecar process, percentile samples (by sidecar.bench.report's
-percentile), interleaved rounds; their corpus is benchmarks/corpus.py (sidecar.bench.workload's)."""
+percentile), interleaved rounds, the printed table, ``--smoke``; their corpus is ``corpus``
+(sidecar.bench.workload's), their workloads ``workload``."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import random
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +20,35 @@ import grpc
 from sidecar.bench.report import percentile
 
 READY = "context-sidecar serving on "
+# --smoke: every benchmark once at tiny sizes, to prove it still runs (its figures mean nothing).
+SMOKE = {"on": False}
+
+
+def add_smoke_flag(parser: argparse.ArgumentParser) -> None:
+    """``--smoke``, which every benchmark accepts: one round at tiny sizes, still a real sidecar."""
+    parser.add_argument("--smoke", action="store_true",
+                        help="one round at tiny sizes, to check the benchmark runs (its figures mean nothing)")
+
+
+def smoke(args: argparse.Namespace, **tiny: object) -> argparse.Namespace:
+    """``args`` with ``tiny``'s values in place when ``--smoke`` is given; warm-ups shrink to a call."""
+    if args.smoke:
+        SMOKE["on"] = True
+        for name, value in tiny.items():
+            setattr(args, name, value)
+    return args
+
+
+def warm(calls: int) -> int:
+    """Warm-up calls: ``calls``, or one under ``--smoke``."""
+    return min(calls, 1) if SMOKE["on"] else calls
+
+
+def print_table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> None:
+    """A Markdown table, its first column left-aligned and the others (figures) right-aligned."""
+    print(f"| {' | '.join(header)} |\n|---|{'---:|' * (len(header) - 1)}")
+    for row in rows:
+        print(f"| {' | '.join(str(cell) for cell in row)} |")
 
 
 @dataclass
@@ -52,6 +83,7 @@ def serving(command: Sequence[str], ready: str = READY, env: dict[str, str] | No
     stdout once it serves; terminate it afterwards. ``told``: its stdin is a pipe to write to."""
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env, cwd=cwd,
                                stdin=subprocess.PIPE if told else None)
+    assert process.stdout is not None  # a pipe: stdout=PIPE
     try:
         line = process.stdout.readline()
         if not line.startswith(ready):
@@ -108,7 +140,7 @@ def interleaved(calls: dict[str, Callable[[], object]], rounds: int, warmup: int
     the same process, to another, or a pause in this one), which moves a fast call's time by tens
     of microseconds; ``shuffle`` draws each round's order afresh, so no call keeps one."""
     keys = list(calls)
-    for _ in range(warmup):
+    for _ in range(warm(warmup)):
         for call in calls.values():
             call()
     samples = {key: Samples() for key in keys}

@@ -24,7 +24,7 @@ records a summary of the candidates through RecordSummary); or built-in ([contex
 passed as CONTEXT_SIDECAR_<SECTION>_<KEY>; a setting the sidecar does not know is dropped (said
 in the output), and a policy that needs it is skipped.
 
-The cache figures are recounted from consecutive rendered bodies (benchmarks/prompt_cache.py),
+The cache figures are recounted from consecutive rendered bodies (benchmarks/_lib/prompt_cache.py),
 never taken from the sidecar's own ``cache`` report. Per run and policy: the identical-prefix
 and cached shares of the tokens sent (mean and p10, from turn 2), the mean fill of the transcript
 budget and its p10 and the share of the last 10 turns' events in the window (both once the
@@ -43,7 +43,7 @@ a cache entry (the models' entries expire), and each cache-stable policy is also
 ``+cold``: its sidecar told the caches last 1 s, it takes the pending big steps on the turn after
 a pause (docs/transcript.md, "When the cache is cold").
 
-    python -m benchmarks.cache_economics [--turns 1000] [--budgets 8000,32000]
+    python -m benchmarks.bench_cache_economics [--turns 1000] [--budgets 8000,32000]
         [--shapes chat,tools,mixed,agent] [--modes off,host,builtin] [--trim-fractions 0.6]
         [--clearing on] [--plot PATH] [--no-sync] [--idle-every 0] [--idle-seconds 1.5] [--tree PATH]
 """
@@ -65,10 +65,10 @@ from statistics import fmean
 
 import grpc
 
-from benchmarks import corpus
-from benchmarks.context_window import TOOLS, profile
-from benchmarks.harness import Samples, sidecar_process
-from benchmarks.prompt_cache import AnthropicCache, OpenAICache, TokenCache, anthropic_blocks, openai_blocks
+from benchmarks._lib import corpus
+from benchmarks._lib.harness import Samples, add_smoke_flag, sidecar_process, smoke
+from benchmarks._lib.prompt_cache import AnthropicCache, OpenAICache, TokenCache, anthropic_blocks, openai_blocks
+from benchmarks._lib.workload import TOOLS, profile
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
 from sidecar.settings import ConfigError, env_name, load_settings
@@ -90,7 +90,7 @@ AGENT_HUGE_SHARE, AGENT_TINY_SHARE = 0.025, 1 / 3
 DEFAULT_TRIM_FRACTION = 0.6  # [context] trim_to_fraction's default: the aims are the defaults'
 COLD_TTL_SECONDS = 1  # the +cold policies' [render] *_cache_ttl_seconds: a turn's gap is far shorter, a pause longer
 # Summaries per 100 turns at an 800-token budget on main before issue 10 (max_fill, the nagging
-# signal), measured with: python -m benchmarks.cache_economics --turns 300 --budgets 800
+# signal), measured with: python -m benchmarks.bench_cache_economics --turns 300 --budgets 800
 # --modes host,builtin --trim-fractions 0.6 (shape -> mode -> figure).
 MAIN_SUMMARIES_PER_100_AT_800 = {"chat": {"host": 99.0, "builtin": 99.0}, "tools": {"host": 99.0, "builtin": 99.0}}
 
@@ -625,7 +625,8 @@ def main() -> None:
                         help="how long a pause of --idle-every lasts (it stands for one past the providers' TTL)")
     parser.add_argument("--tree", type=Path, default=None,
                         help="run the sidecar of this source tree (fastcore compiled in place), e.g. main's")
-    args = parser.parse_args()
+    add_smoke_flag(parser)
+    args = smoke(parser.parse_args(), turns=4, budgets="8000", shapes="tools,agent", modes="host,builtin")
     started = time.perf_counter()
     tallies = measure(args)
     elapsed = time.perf_counter() - started

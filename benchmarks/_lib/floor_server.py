@@ -1,6 +1,6 @@
 """A floor server: the sidecar's service name, with handlers that do only what a call cannot skip.
 
-``benchmarks.floors`` times each of the sidecar's calls beside one of these handlers, in a
+``benchmarks.bench_floors`` times each of the sidecar's calls beside one of these handlers, in a
 process of its own as the sidecar is, so that a figure reads as a multiple of what any server
 would pay for the same answer or the same write:
 
@@ -19,7 +19,7 @@ would pay for the same answer or the same write:
 Every METHOD is registered under ``contextsidecar.v1.ContextSidecar``. It prints ``floor server
 serving on HOST:PORT`` once it serves, and stops on SIGTERM or SIGINT.
 
-    python -m benchmarks.floor_server --store DIR [--answer METHOD=FILE ...] [--commit METHOD=BYTES ...]
+    python -m benchmarks._lib.floor_server --store DIR [--answer METHOD=FILE ...] [--commit METHOD=BYTES ...]
         [--turn METHOD=BYTES:FILE ...] [--append METHOD=BYTES:FILE ...]
 """
 

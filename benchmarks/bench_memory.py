@@ -12,7 +12,7 @@ Against a real sidecar process, in one run:
 - redaction, in this process: MB/s of the sidecar's redactor with 1 and with 1,000 registered
   secrets, next to the plain way (``str.replace`` for each secret) on the same text.
 
-    python -m benchmarks.memory [--entries 100000] [--rounds 300] [--puts 1000]
+    python -m benchmarks.bench_memory [--entries 100000] [--rounds 300] [--puts 1000]
 """
 
 from __future__ import annotations
@@ -25,34 +25,20 @@ from pathlib import Path
 
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from benchmarks import corpus
-from benchmarks.harness import interleaved, sidecar_process
+from benchmarks._lib import corpus
+from benchmarks._lib.harness import add_smoke_flag, interleaved, sidecar_process, smoke
+from benchmarks._lib.workload import MEMORY_BUDGET as BUDGET
+from benchmarks._lib.workload import MEMORY_REF as REF
+from benchmarks._lib.workload import QUERY, entry_texts, load_memory
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
 from sidecar.text.redaction import Redactor
 
-REF = "mem:agent-bench"
-BUDGET = 2000
-NAMES = [f"name{i:04d}" for i in range(5000)]
-QUERY = f"refund {NAMES[17]} {NAMES[4242]}"  # one word in most entries, two rare ones
 
-
-def entry_texts(count: int, seed: int) -> list[str]:
-    rng = random.Random(seed)
-    return [f"{text} Related: {' '.join(rng.sample(NAMES, 3))}." for text in corpus.contents(count, seed)]
-
-
-def load(stub: pb_grpc.ContextSidecarStub, count: int) -> float:
-    started = time.perf_counter()
-    for i, text in enumerate(entry_texts(count, seed=1)):
-        stub.PutMemory(pb.PutMemoryRequest(memory_ref=REF, content=text, entry_id=f"m{i}"))
-    return time.perf_counter() - started
-
-
-def redaction_rates(megabytes: int = 4) -> dict[str, float]:
+def redaction_rates(megabytes: float = 4) -> dict[str, float]:
     """MB/s of the redactor with 1 and 1,000 secrets, and of str.replace per secret."""
     rng = random.Random(5)
-    text = ("\n".join(corpus.contents(4000, seed=9)) * 8)[: megabytes << 20]
+    text = ("\n".join(corpus.contents(4000, seed=9)) * 8)[: int(megabytes * (1 << 20))]
     secrets = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz0123456789-_") for _ in range(rng.randrange(16, 48)))
                for _ in range(1000)]
     rates = {}
@@ -84,11 +70,11 @@ def _rate(work, size: int, repeats: int = 5) -> float:
     return size / (1 << 20) / sorted(times)[repeats // 2]
 
 
-def measure(entries: int, rounds: int, puts: int) -> None:
+def measure(entries: int, rounds: int, puts: int, megabytes: float) -> None:
     with tempfile.TemporaryDirectory(prefix="sidecar-bench-") as tmp:
         storage = Path(tmp) / "lmdb"
         with sidecar_process(storage, ["--no-sync"]) as channel:
-            seconds = load(pb_grpc.ContextSidecarStub(channel), entries)
+            seconds = load_memory(pb_grpc.ContextSidecarStub(channel), entries)
         print(f"loaded {entries} entries in {seconds:.1f} s (PutMemory, --no-sync)")
         with sidecar_process(storage, []) as channel:
             stub = pb_grpc.ContextSidecarStub(channel)
@@ -120,8 +106,8 @@ def measure(entries: int, rounds: int, puts: int) -> None:
     print(f"\nPutMemory, durable, one after another: {puts / put_seconds:,.0f} puts/s; "
           f"p50 {put_times[len(put_times) // 2] * 1e6:,.0f} us, "
           f"p99 {put_times[int(len(put_times) * .99)] * 1e6:,.0f} us")
-    rates = redaction_rates()
-    print("\n| redaction of 4 MB of text | MB/s |\n|---|---:|")
+    rates = redaction_rates(megabytes)
+    print(f"\n| redaction of {megabytes:g} MB of text | MB/s |\n|---|---:|")
     for name, rate in rates.items():
         print(f"| {name} | {rate:,.1f} |")
     print(f"\nredactor cost per MB, 1,000 secrets / 1 secret: "
@@ -135,8 +121,9 @@ def main() -> None:
     parser.add_argument("--entries", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=300)
     parser.add_argument("--puts", type=int, default=1000)
-    args = parser.parse_args()
-    measure(args.entries, args.rounds, args.puts)
+    add_smoke_flag(parser)
+    args = smoke(parser.parse_args(), entries=50, rounds=1, puts=5)
+    measure(args.entries, args.rounds, args.puts, 0.05 if args.smoke else 4)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ its ``RssAnon`` (/proc/PID/status) is read, then again after ``--runs`` more run
 in-process caches hold is bounded in bytes (docs/caches.md), so the growth should plateau well
 under what was fed; the caches' own totals are read from /metrics and printed beside it.
 
-    python -m benchmarks.rss_growth [--runs 1000] [--warmup 50] [--result-kib 100] [--cache on|off]
+    python -m benchmarks.bench_rss_growth [--runs 1000] [--warmup 50] [--result-kib 100] [--cache on|off]
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from benchmarks.harness import sidecar_serving
+from benchmarks._lib.harness import add_smoke_flag, sidecar_serving, smoke
 from sidecar.bench.workload import prose
 from sidecar.client import Client
 
@@ -67,7 +67,8 @@ def main() -> None:
     parser.add_argument("--result-kib", type=int, default=100, help="each tool result's size")
     parser.add_argument("--cache", choices=("on", "off"), default="on", help="[cache] enabled")
     parser.add_argument("--tree", type=Path, help="a source tree whose sidecar runs instead of the installed one")
-    args = parser.parse_args()
+    add_smoke_flag(parser)
+    args = smoke(parser.parse_args(), runs=2, warmup=1, result_kib=4)
     rng = random.Random(23)
     # Distinct texts (as real tool results are), made before the measurement starts.
     paragraphs = [prose(rng, 2_000) for _ in range(64)]
@@ -83,6 +84,7 @@ def main() -> None:
     env = {"CONTEXT_SIDECAR_CACHE_ENABLED": "false"} if args.cache == "off" else {}
     with tempfile.TemporaryDirectory() as folder, \
             sidecar_serving(Path(folder) / "data", flags, env, args.tree) as sidecar:
+        assert sidecar.process.stdout is not None  # serving() reads its first line through a pipe
         metrics_line = sidecar.process.stdout.readline()
         metrics_url = metrics_line[len(METRICS_READY):].strip() if metrics_line.startswith(METRICS_READY) else ""
         pid = sidecar.process.pid
