@@ -3,7 +3,8 @@
 # go (1.26), Java 17 with Maven and PostgreSQL's server (.ci/run installs what is missing):
 #   ./dev.sh serve [flags]   set up, then run the sidecar (127.0.0.1:50051, LMDB in ./data)
 #   ./dev.sh test            set up, lint (ruff), type-check (mypy), run every test: Python, Node.js, Go, Java
-#   ./dev.sh bench [name] [args]  set up, then run benchmarks/<name>.py (default turn_latency)
+#   ./dev.sh bench [name] [args]  set up, then run benchmarks/bench_<name>.py (default turn);
+#                            ./dev.sh bench --smoke: every benchmark for one round
 #   ./dev.sh setup           only set up: .venv with the package installed (fastcore compiled)
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -59,10 +60,12 @@ case "$command" in
     PATH="$PWD/$VENV/bin:$PATH" mvn -B -ntp -f clients/java/pom.xml test ;;
   bench)
     setup_python test,bench
-    benchmark=turn_latency
-    if [ $# -gt 0 ] && [ -f "benchmarks/$1.py" ]; then benchmark=$1; shift; fi
+    # --smoke alone: every registered bench for one round (benchmarks/README.md), as CI runs them.
+    if [ "${1:-}" = --smoke ]; then exec "$VENV/bin/python" -m benchmarks --smoke; fi
+    benchmark=bench_turn
+    if [ $# -gt 0 ] && [ -f "benchmarks/bench_${1#bench_}.py" ]; then benchmark=bench_${1#bench_}; shift; fi
     # The clients benchmark runs each client's bench program: Node.js needs its packages.
-    if [ "$benchmark" = clients ]; then setup_node; fi
+    if [ "$benchmark" = bench_clients ]; then setup_node; fi
     exec "$VENV/bin/python" -m "benchmarks.$benchmark" "$@" ;;
   *)
     sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//' >&2

@@ -1,5 +1,5 @@
 """Benchmarks: measured against a real sidecar process, never part of the default test run.
 
-    python -m benchmarks.turn_latency     # the per-turn table of the foundation issue
-    python -m benchmarks.server_kinds     # sync vs grpc.aio servers on the per-turn path
+Each is ``benchmarks/bench_<what>.py``; benchmarks/README.md is their registry (what each measures,
+its command, its smoke command), ``python -m benchmarks --smoke`` runs them all for one round.
 """

@@ -20,6 +20,7 @@ import grpc
 import pytest
 from google.protobuf import unknown_fields
 
+from benchmarks._lib import registry
 from sidecar.errors import SidecarError
 from sidecar.pb.contextsidecar.storage.v1.memory_pb2 import MemoryRecord
 from sidecar.pb.contextsidecar.storage.v1.records_pb2 import EventRecord
@@ -392,6 +393,27 @@ def shared_helpers_violations(root: Path) -> list[str]:
                                    and not any(within(name, shared) for shared in shared_with(relative))})]
 
 
+# g. The benchmarks: every bench_*.py in the registry (benchmarks/README.md's table) and every
+# row a file; imports one way: the benchmarks use nothing of the tests, the tests only benchmarks/_lib.
+
+def benchmark_registry_violations(root: Path) -> list[str]:
+    return registry.violations(root)
+
+
+def benchmark_import_violations(root: Path) -> list[str]:
+    def files(folder: str) -> list[Path]:
+        return sorted(path.relative_to(root) for path in (root / folder).rglob("*.py"))
+
+    def of(relative: Path, package: str, allowed: str) -> list[str]:
+        return outermost({name for name in imported(root, relative)
+                          if within(name, package) and not within(name, allowed)})
+
+    return ([f"{relative}: imports {name}; the benchmarks import nothing of the tests"
+             for relative in files("benchmarks") for name in of(relative, "tests", "")]
+            + [f"{relative}: imports {name}; of the benchmarks, the tests import only benchmarks._lib"
+               for relative in files("tests") for name in of(relative, "benchmarks", "benchmarks._lib")])
+
+
 # The real tree keeps every rule.
 
 def test_the_real_tree_is_read_whole() -> None:
@@ -463,6 +485,12 @@ def test_the_tests_mirror_the_code_and_share_only_helpers() -> None:
     assert shared_helpers_violations(ROOT) == []
 
 
+def test_every_benchmark_is_registered_and_the_benchmarks_import_no_test() -> None:
+    assert len(registry.rows(ROOT)) >= 10  # the table was read
+    assert benchmark_registry_violations(ROOT) == []
+    assert benchmark_import_violations(ROOT) == []
+
+
 # Each rule fails on a tree that breaks it.
 
 def build(root: Path, files: dict[str, str]) -> Path:
@@ -483,6 +511,13 @@ class NotFound(SidecarError):
     code = "not_found"
     status = "NOT_FOUND"
 '''
+BENCH_REGISTRY = """# Benchmarks
+
+| bench | measures | command | smoke |
+|---|---|---|---|
+| `bench_memory.py` | ListMemory | `python -m benchmarks.bench_memory` | `python -m benchmarks.bench_memory --smoke` |
+| `bench_turn.py` | turns | `python -m benchmarks.bench_turn` | `python -m benchmarks.bench_turn --smoke` (a note) |
+"""
 # A tree that keeps every rule: what each rule allows, so a rule that reports too much fails too.
 LAWFUL = {
     "sidecar/__init__.py": "",
@@ -525,17 +560,25 @@ LAWFUL = {
     "docs/errors.md": "| code | status |\n|---|---|\n| `internal` | INTERNAL |\n| `not_found` | NOT_FOUND |\n"
                       "| `forgotten` | NOT_FOUND |\n",
     "tests/__init__.py": "",
-    "tests/helpers.py": "import grpc\n",
+    "tests/helpers.py": "import grpc\nfrom benchmarks._lib.postgres import Postgres\n",
     "tests/conftest.py": "from tests.helpers import TENANT\n",
     "tests/memory/__init__.py": "",
     "tests/memory/test_api.py": "from tests.helpers import TENANT\nfrom ..helpers import ev\n",
     "tests/fastcore/__init__.py": "",
     "tests/plugin/plugin.py": "from sidecar.plugin_api import HookCall\n",
+    "benchmarks/__init__.py": "",
+    "benchmarks/README.md": BENCH_REGISTRY,
+    "benchmarks/_lib/__init__.py": "",
+    "benchmarks/_lib/harness.py": "import grpc\nfrom . import corpus\n",
+    "benchmarks/bench_turn.py": ("from benchmarks._lib.harness import serving\n"
+                                 "from sidecar.client import Client\n"),
+    "benchmarks/bench_memory.py": "from benchmarks._lib import harness\n",
 }
 RULES = {"layers": layer_violations, "plugins": plugin_violations, "lmdb": lmdb_violations,
          "databases": database_violations, "error classes": error_class_violations,
          "error table": undocumented_errors, "test layout": mirroring_violations,
-         "test imports": shared_helpers_violations}
+         "test imports": shared_helpers_violations, "bench registry": benchmark_registry_violations,
+         "bench imports": benchmark_import_violations}
 
 
 def test_a_lawful_tree_breaks_no_rule(tmp_path: Path) -> None:
@@ -656,6 +699,27 @@ BREAKS = [
      "tests/memory/test_trust.py: imports tests.memory.test_api"),
     ("test imports", {"tests/helpers.py": "def f():\n    from tests.wire.test_server import ev\n"},
      "tests/helpers.py: imports tests.wire.test_server"),
+    # g. the benchmarks
+    ("bench registry", {"benchmarks/bench_floors.py": ""},
+     "benchmarks/bench_floors.py: no row in benchmarks/README.md"),
+    ("bench registry", {"benchmarks/bench_memory.py": None},
+     "benchmarks/README.md names bench_memory.py, which does not exist"),
+    ("bench registry", {"benchmarks/README.md": BENCH_REGISTRY.replace("bench_turn --smoke", "bench_turn")},
+     "bench_turn.py's smoke command is python -m benchmarks.bench_turn ... --smoke"),
+    ("bench registry", {"benchmarks/README.md": BENCH_REGISTRY.replace("`python -m benchmarks.bench_memory`",
+                                                                       "`python -m benchmarks.bench_turn`")},
+     "bench_memory.py's row says what it measures and its command, python -m benchmarks.bench_memory"),
+    ("bench registry", {"benchmarks/README.md": BENCH_REGISTRY.replace("| bench |", "| file |")},
+     "benchmarks/README.md has no table"),
+    ("bench registry", {"benchmarks/README.md": None}, "benchmarks/README.md is missing"),
+    ("bench imports", {"benchmarks/bench_turn.py": "from tests.helpers import Postgres\n"},
+     "benchmarks/bench_turn.py: imports tests.helpers; the benchmarks import nothing of the tests"),
+    ("bench imports", {"benchmarks/_lib/harness.py": "def f():\n    from tests import helpers\n"},
+     "benchmarks/_lib/harness.py: imports tests; the benchmarks import nothing"),
+    ("bench imports", {"tests/helpers.py": "from benchmarks.bench_turn import main\n"},
+     "tests/helpers.py: imports benchmarks.bench_turn; of the benchmarks, the tests import only benchmarks._lib"),
+    ("bench imports", {"tests/memory/test_api.py": "from benchmarks import corpus\n"},
+     "tests/memory/test_api.py: imports benchmarks; of the benchmarks"),
 ]
 
 
