@@ -5,15 +5,15 @@ pure-Python twin ``_<name>_reference.py`` beside it:
   cache-stable), the recent turns, compaction cut, the log's own entries, code points;
 - ``_search`` (twin ``_search_reference``): BM25 and cosine top-k for memory search;
 - ``_matcher`` (twin ``_matcher_reference``): the multi-pattern matcher behind secret redaction;
-- ``_entries`` (twin ``_entries_reference``): an append's new log entries, checked and made into
-  their writes (records, keys, count records).
+- ``_entries`` (twin ``_entries_reference``): an append's new log entries, checked (the event
+  rules) and made into their writes (records, keys, count records).
 
 Importing this package imports the compiled modules or fails: there is no silent fallback to
 Python, because the sidecar's latency figures are only true of the compiled code.
 """
 
 try:
-    from fastcore._entries import event_record, new_entries, unchecked_events
+    from fastcore._entries import EVENT_RULES, event_faults, event_record, new_entries, unchecked_events
     from fastcore._fastcore import (
         NOT_A_UNIT,
         RECORD_SIZE,
@@ -33,6 +33,6 @@ except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
         "Install the package so it compiles: pip install -e . (needs gcc and the Python headers)."
     ) from exc
 
-__all__ = ["NOT_A_UNIT", "RECORD_SIZE", "MultiMatcher", "bm25_top", "compaction_cut", "cosine_top",
-           "count_code_points", "event_record", "new_entries", "own_entries", "recent_start", "select_stable_window",
-           "select_window", "splits_group", "unchecked_events"]
+__all__ = ["EVENT_RULES", "NOT_A_UNIT", "RECORD_SIZE", "MultiMatcher", "bm25_top", "compaction_cut", "cosine_top",
+           "count_code_points", "event_faults", "event_record", "new_entries", "own_entries", "recent_start",
+           "select_stable_window", "select_window", "splits_group", "unchecked_events"]

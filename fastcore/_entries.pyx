@@ -203,19 +203,64 @@ cdef inline bint _plain_id(str value, Py_ssize_t max_bytes, bint required) excep
     return length <= max_bytes and _clean(text, length)
 
 
+# The rules an appended event must pass, in the order a refusal names them (the first one it
+# breaks): ``_RULE_<NAME>`` is rule NAME's bit in ``event_faults``' masks, its place here (the
+# twin's EVENT_RULES). The sidecar words each refusal
+# (sidecar/transcript/log.py) and checks a tool call's arguments, JSON, itself.
+EVENT_RULES = ("event_id", "event_id_reserved", "iteration", "iteration_turn", "role", "type", "content", "call_id",
+               "tool_call", "host_token_count")
+cdef enum:
+    _RULE_EVENT_ID = 1 << 0
+    _RULE_EVENT_ID_RESERVED = 1 << 1
+    _RULE_ITERATION = 1 << 2
+    _RULE_ITERATION_TURN = 1 << 3
+    _RULE_ROLE = 1 << 4
+    _RULE_TYPE = 1 << 5
+    _RULE_CONTENT = 1 << 6
+    _RULE_CALL_ID = 1 << 7
+    _RULE_TOOL_CALL = 1 << 8
+    _RULE_HOST_COUNT = 1 << 9
+
+
+def event_faults(events, int64_t max_event_bytes, turn, tuple roles not None, str reserved_prefix not None,
+                 int64_t max_id_bytes, int64_t max_type_bytes, int64_t max_count):
+    """(index, mask of the ``EVENT_RULES`` it breaks) of each event that breaks one, or is a tool
+    call. See the twin."""
+    cdef list faulted = []
+    cdef Py_ssize_t i, length
+    cdef int faults
+    for i in range(len(events)):
+        event = events[i]
+        event_id, iteration, host_count = event[_EVENT_ID], event[_ITERATION], event[_HOST_COUNT]
+        PyUnicode_AsUTF8AndSize(event[_CONTENT], &length)
+        faults = 0
+        if not _plain_id(event_id, max_id_bytes, True):
+            faults |= _RULE_EVENT_ID
+        if event_id.startswith(reserved_prefix):
+            faults |= _RULE_EVENT_ID_RESERVED
+        if iteration < 1:
+            faults |= _RULE_ITERATION
+        if turn is not None and iteration > turn:
+            faults |= _RULE_ITERATION_TURN
+        if event[_ROLE] not in roles:
+            faults |= _RULE_ROLE
+        if not _plain_id(event[_TYPE], max_type_bytes, True):
+            faults |= _RULE_TYPE
+        if length > max_event_bytes:
+            faults |= _RULE_CONTENT
+        if not _plain_id(event[_CALL_ID], max_id_bytes, False):
+            faults |= _RULE_CALL_ID
+        if event[_TOOL_NAME]:
+            faults |= _RULE_TOOL_CALL
+        if not (host_count is None or 0 <= host_count <= max_count):
+            faults |= _RULE_HOST_COUNT
+        if faults:
+            faulted.append((i, faults))
+    return faulted
+
+
 def unchecked_events(events, int64_t max_event_bytes, turn, tuple roles not None, str reserved_prefix not None,
                      int64_t max_id_bytes, int64_t max_type_bytes, int64_t max_count):
     """The indexes of the events this check does not pass: the invalid ones, and tool calls. See the twin."""
-    cdef list unchecked = []
-    cdef Py_ssize_t i, length
-    for i in range(len(events)):
-        event = events[i]
-        event_id, iteration, role, content, host_count = (
-            event[_EVENT_ID], event[_ITERATION], event[_ROLE], event[_CONTENT], event[_HOST_COUNT])
-        PyUnicode_AsUTF8AndSize(content, &length)
-        if not (_plain_id(event_id, max_id_bytes, True) and not event_id.startswith(reserved_prefix)
-                and iteration >= 1 and (turn is None or iteration <= turn) and role in roles and _plain_id(event[_TYPE], max_type_bytes, True)
-                and length <= max_event_bytes and _plain_id(event[_CALL_ID], max_id_bytes, False)
-                and not event[_TOOL_NAME] and (host_count is None or 0 <= host_count <= max_count)):
-            unchecked.append(i)
-    return unchecked
+    return [i for i, _ in event_faults(events, max_event_bytes, turn, roles, reserved_prefix, max_id_bytes,
+                                       max_type_bytes, max_count)]

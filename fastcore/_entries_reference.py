@@ -95,24 +95,45 @@ def _plain_id(value: str, max_bytes: int, required: bool) -> bool:
     return len(data) <= max_bytes and not any(byte < 0x20 or byte == 0x7F for byte in data) if data else not required
 
 
-def unchecked_events(events: Sequence[tuple], max_event_bytes: int, turn: int | None, roles: tuple[str, ...],
-                     reserved_prefix: str, max_id_bytes: int, max_type_bytes: int, max_count: int) -> list[int]:
-    """The indexes of the events (tuples of ``EVENT_FIELDS`` and then anything) that this check
-    does not pass, in order: every invalid one, and every tool call (its arguments are JSON,
-    checked by the caller). An event passes when its id is required and its call id optional
-    (at most ``max_id_bytes`` of UTF-8, no control character U+0000-U+001F or U+007F), its id
-    does not start with ``reserved_prefix``, its iteration is at least 1 (and at most ``turn``
-    when a turn is given), its role is one of ``roles``, its type is required (at most
-    ``max_type_bytes``), its content at most ``max_event_bytes``, it names no tool, and its
-    host count is None or within 0 and ``max_count``. The caller checks the indexes given, in
-    Python, to say what is wrong: one Python check per event costs more than the rest of it."""
-    unchecked = []
+# The rules an appended event must pass, in the order a refusal names them (the first one it
+# breaks): bit k of an ``event_faults`` mask is rule k. "tool_call" is not broken but left to the
+# caller: a tool call's arguments are JSON, which this module does not parse.
+EVENT_RULES = ("event_id", "event_id_reserved", "iteration", "iteration_turn", "role", "type", "content", "call_id",
+               "tool_call", "host_token_count")
+
+
+def event_faults(events: Sequence[tuple], max_event_bytes: int, turn: int | None, roles: tuple[str, ...],
+                 reserved_prefix: str, max_id_bytes: int, max_type_bytes: int, max_count: int) -> list[tuple[int, int]]:
+    """(index, faults) of each of ``events`` (tuples of ``EVENT_FIELDS`` and then anything) that
+    breaks a rule or is a tool call, in order; ``faults`` has bit k set when it breaks rule k of
+    ``EVENT_RULES``:
+
+    - event_id: required, at most ``max_id_bytes`` of UTF-8, no control character (U+0000-U+001F,
+      U+007F); event_id_reserved: it does not start with ``reserved_prefix``;
+    - iteration: at least 1; iteration_turn: at most ``turn`` when a turn is given;
+    - role: one of ``roles``; type: as an id, at most ``max_type_bytes``;
+    - content: at most ``max_event_bytes`` of UTF-8; call_id: as an id, but optional;
+    - tool_call: set when the event names a tool (the caller checks the call);
+    - host_token_count: None, or within 0 and ``max_count``.
+
+    The caller words the refusal of the first rule broken, in Python: one Python check per
+    event costs more than the rest of it."""
+    faulted = []
     for i, event in enumerate(events):
         event_id, iteration, role, type, content, call_id, host_count, tool_name = event[:len(EVENT_FIELDS)]
-        if not (_plain_id(event_id, max_id_bytes, True) and not event_id.startswith(reserved_prefix)
-                and 1 <= iteration <= (iteration if turn is None else turn) and role in roles
-                and _plain_id(type, max_type_bytes, True) and len(content.encode("utf-8")) <= max_event_bytes
-                and _plain_id(call_id, max_id_bytes, False) and not tool_name
-                and (host_count is None or 0 <= host_count <= max_count)):
-            unchecked.append(i)
-    return unchecked
+        broken = (not _plain_id(event_id, max_id_bytes, True), event_id.startswith(reserved_prefix),
+                  iteration < 1, turn is not None and iteration > turn, role not in roles,
+                  not _plain_id(type, max_type_bytes, True), len(content.encode("utf-8")) > max_event_bytes,
+                  not _plain_id(call_id, max_id_bytes, False), bool(tool_name),
+                  not (host_count is None or 0 <= host_count <= max_count))
+        faults = sum(1 << k for k, breaks in enumerate(broken) if breaks)
+        if faults:
+            faulted.append((i, faults))
+    return faulted
+
+
+def unchecked_events(events: Sequence[tuple], max_event_bytes: int, turn: int | None, roles: tuple[str, ...],
+                     reserved_prefix: str, max_id_bytes: int, max_type_bytes: int, max_count: int) -> list[int]:
+    """The indexes of the events :func:`event_faults` names: every invalid one, and every tool call."""
+    return [i for i, _ in event_faults(events, max_event_bytes, turn, roles, reserved_prefix, max_id_bytes,
+                                       max_type_bytes, max_count)]

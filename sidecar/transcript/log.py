@@ -184,12 +184,11 @@ def prepare_events(events: Sequence[NewEvent], field: str, defaults: ContextSett
     validate every field, naming the first bad one (``field[i].role``)."""
     prepared = [event.with_defaults(event.type or "message", event.iteration or (turn or 0)) for event in events]
     limit = defaults.max_event_bytes
-    # fastcore passes the plainly valid events (the same rules as check_event; tests hold them to
-    # it); check_event sees the others, tool calls and the invalid, and names what is wrong.
-    for i in fastcore.unchecked_events(prepared, limit, turn, ROLES, SIDECAR_ID_PREFIX, MAX_ID_BYTES,
-                                       MAX_TYPE_BYTES, MAX_COUNT):
+    # fastcore checks every event against the event rules in one pass; only the events it names
+    # (the invalid, and tool calls) are looked at here, to word the refusal or check the call.
+    for i, faults in _event_faults(prepared, limit, turn):
         try:
-            check_event(prepared[i], limit, turn)
+            _refuse_first(prepared[i], faults, limit, turn)
         except ValidationError as error:
             # The event's place is put in the name only now: nearly every event is good, and
             # making its field names up front cost more than checking them.
@@ -203,21 +202,59 @@ def prepare_events(events: Sequence[NewEvent], field: str, defaults: ContextSett
 
 def check_event(event: NewEvent, max_event_bytes: int, turn: int | None) -> None:
     """Raise naming the first bad field of ``event`` (``role``, ``content``, ...)."""
-    check_id("event_id", event.event_id)
-    if event.event_id.startswith(SIDECAR_ID_PREFIX):
-        raise ValidationError.field("event_id", f"ids starting with {SIDECAR_ID_PREFIX!r} are the sidecar's")
-    check_at_least("iteration", event.iteration, 1)
-    if turn is not None and event.iteration > turn:
-        raise ValidationError.field("iteration", f"is {event.iteration}, after the iteration being assembled ({turn})")
-    if event.role not in ROLES:
-        raise ValidationError.field("role", f"must be one of {', '.join(ROLES)}")
-    check_id("type", event.type, max_bytes=MAX_TYPE_BYTES)
-    check_text_bytes("content", event.content, max_event_bytes, "[context] max_event_bytes")
-    check_id("call_id", event.call_id, required=False)
-    if event.tool_name:
-        check_tool_call(event)
-    if event.host_token_count is not None and not 0 <= event.host_token_count <= MAX_COUNT:
-        raise ValidationError.field("host_token_count", f"must be between 0 and {MAX_COUNT}")
+    faulted = _event_faults((event,), max_event_bytes, turn)
+    if faulted:
+        _refuse_first(event, faulted[0][1], max_event_bytes, turn)
+    else:
+        check_unbroken_runs("content", event.content)
+
+
+def _event_faults(events: Sequence[NewEvent], max_event_bytes: int, turn: int | None) -> list[tuple[int, int]]:
+    """The event rules, ``fastcore.EVENT_RULES`` (stated once, in fastcore's ``_entries`` and its
+    twin), with the sidecar's limits: (index, mask of the rules broken) of each event that breaks
+    one or is a tool call."""
+    return fastcore.event_faults(events, max_event_bytes, turn, ROLES, SIDECAR_ID_PREFIX, MAX_ID_BYTES,
+                                 MAX_TYPE_BYTES, MAX_COUNT)
+
+
+def _refuse_first(event: NewEvent, faults: int, max_event_bytes: int, turn: int | None) -> None:
+    """Raise the refusal of the first rule ``event`` breaks (``faults``: an :func:`_event_faults`
+    mask), in the order of ``fastcore.EVENT_RULES``. fastcore checks neither a tool call's
+    arguments (JSON) nor a content's unbroken runs: they are checked here, at their places."""
+    for bit, rule in enumerate(fastcore.EVENT_RULES):
+        if faults >> bit & 1:
+            _refuse(rule, event, max_event_bytes, turn)
+        if rule == "content":
+            check_unbroken_runs("content", event.content)
+
+
+def _refuse(rule: str, event: NewEvent, max_event_bytes: int, turn: int | None) -> None:
+    """Raise the refusal of ``event``, which breaks ``rule``, worded by the sidecar's shared
+    checks where one applies; a tool call is checked (fastcore only says it is one)."""
+    match rule:
+        case "event_id":
+            check_id("event_id", event.event_id)
+        case "event_id_reserved":
+            raise ValidationError.field("event_id", f"ids starting with {SIDECAR_ID_PREFIX!r} are the sidecar's")
+        case "iteration":
+            check_at_least("iteration", event.iteration, 1)
+        case "iteration_turn":
+            raise ValidationError.field("iteration",
+                                        f"is {event.iteration}, after the iteration being assembled ({turn})")
+        case "role":
+            raise ValidationError.field("role", f"must be one of {', '.join(ROLES)}")
+        case "type":
+            check_id("type", event.type, max_bytes=MAX_TYPE_BYTES)
+        case "content":
+            check_text_bytes("content", event.content, max_event_bytes, "[context] max_event_bytes")
+        case "call_id":
+            check_id("call_id", event.call_id, required=False)
+        case "tool_call":
+            check_tool_call(event)
+            return
+        case "host_token_count":
+            raise ValidationError.field("host_token_count", f"must be between 0 and {MAX_COUNT}")
+    raise AssertionError(f"fastcore's event rule {rule!r} has no refusal here, or the shared check passed")  # a defect
 
 
 def check_tool_call(event: NewEvent) -> None:

@@ -135,3 +135,50 @@ def test_unchecked_events_are_exactly_those_check_event_refuses_and_tool_calls()
         assert unchecked == _reference.unchecked_events(*arguments), n
         assert unchecked == [i for i, event in enumerate(events)
                              if event.tool_name or not _checked_by_python(event, turn)], n
+
+
+# Each event rule, broken alone: its bit, in the compiled check and its twin, and the refusal the
+# sidecar words for it, naming the field (stated here by hand, not read from either).
+GOOD = NewEvent("e1", 2, "user", "message", "hello", "call-1", 5)
+BROKEN_ALONE = {
+    "event_id": (GOOD._replace(event_id="a\nb"), "event_id"),
+    "event_id_reserved": (GOOD._replace(event_id=SIDECAR_ID_PREFIX + "x"), "event_id"),
+    "iteration": (GOOD._replace(iteration=0), "iteration"),
+    "iteration_turn": (GOOD._replace(iteration=4), "iteration"),
+    "role": (GOOD._replace(role="robot"), "role"),
+    "type": (GOOD._replace(type="t" * 65), "type"),
+    "content": (GOOD._replace(content="x" * 101), "content"),
+    "call_id": (GOOD._replace(call_id="x" * 257), "call_id"),
+    "tool_call": (GOOD._replace(role="assistant", tool_name="search", content="[1]"), "content"),
+    "host_token_count": (GOOD._replace(host_token_count=MAX_COUNT + 1), "host_token_count"),
+}
+
+
+def test_every_event_rule_has_its_bit_and_its_refusal() -> None:
+    assert tuple(BROKEN_ALONE) == fastcore.EVENT_RULES == _reference.EVENT_RULES
+    limits = (100, 3, ROLES, SIDECAR_ID_PREFIX, MAX_ID_BYTES, MAX_TYPE_BYTES, MAX_COUNT)
+    assert fastcore.event_faults([GOOD], *limits) == _reference.event_faults([GOOD], *limits) == []
+    check_event(GOOD, 100, 3)
+    for bit, (rule, (event, field)) in enumerate(BROKEN_ALONE.items()):
+        assert fastcore.event_faults([GOOD, event], *limits) == _reference.event_faults([GOOD, event], *limits) == [
+            (1, 1 << bit)], rule
+        with pytest.raises(ValidationError) as refused:
+            check_event(event, 100, 3)
+        assert refused.value.violations[0].field == field, rule
+    # A tool call whose arguments are a JSON object passes, though fastcore names it.
+    call = BROKEN_ALONE["tool_call"][0]._replace(content='{"q": 1}')
+    check_event(call, 100, 3)
+
+
+def test_event_faults_of_events_breaking_several_rules_against_the_twin() -> None:
+    rng = random.Random(4)
+    limits = (100, 3, ROLES, SIDECAR_ID_PREFIX, MAX_ID_BYTES, MAX_TYPE_BYTES, MAX_COUNT)
+    for n in range(500):
+        events = []
+        for _ in range(rng.randrange(0, 6)):
+            event = GOOD
+            for broken, _ in rng.sample(list(BROKEN_ALONE.values()), rng.randrange(0, 4)):
+                event = event._replace(**{name: value for name, value in broken._asdict().items()
+                                          if value != getattr(GOOD, name)})
+            events.append(event)
+        assert fastcore.event_faults(events, *limits) == _reference.event_faults(events, *limits), n
