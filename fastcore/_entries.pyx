@@ -13,6 +13,14 @@ from libc.string cimport memcpy
 cdef int64_t _INT32_MIN = -(2 ** 31)
 cdef int64_t _INT32_MAX = 2 ** 31 - 1
 
+# A count record, as sidecar/transcript/schema.py declares it (COUNT_RECORD, "<III"): three
+# little-endian uint32 at these offsets (tests/test_architecture.py compares).
+cdef enum:
+    _RECORD_SIZE = 12
+    _TOKENS_AT = 0
+    _ITERATION_AT = 4
+    _GROUP_FIRST_AT = 8
+
 
 cdef inline Py_ssize_t _varint_size(uint64_t value) noexcept nogil:
     cdef Py_ssize_t size = 1
@@ -128,7 +136,8 @@ def event_record(str event_id, int64_t seq, int64_t iteration, str role, str typ
     return _record(text, length, _int32_wire(seq), _int32_wire(iteration), _int32_wire(tokens))
 
 
-# The fields of an event tuple, as ``new_entries`` reads them.
+# The fields of an event tuple, as ``new_entries`` reads them: sidecar's NewEvent, whose fields
+# come first in this order (tests/test_architecture.py compares).
 cdef enum:
     _EVENT_ID = 0
     _ITERATION = 1
@@ -136,7 +145,7 @@ cdef enum:
     _TYPE = 3
     _CONTENT = 4
     _CALL_ID = 5
-    _HOST_COUNT = 6
+    _HOST_TOKEN_COUNT = 6
     _TOOL_NAME = 7
 
 
@@ -145,7 +154,7 @@ def new_entries(bytes key not None, int64_t first_seq, events, tokens, group_fir
     (records, index, counts, iteration_starts). See the twin."""
     cdef Py_ssize_t n = len(events), i
     cdef list records = [], index = [], iteration_starts = []
-    cdef bytes counts = PyBytes_FromStringAndSize(NULL, n * 12)
+    cdef bytes counts = PyBytes_FromStringAndSize(NULL, n * _RECORD_SIZE)
     cdef char* packed = PyBytes_AS_STRING(counts)
     cdef const char* text[6]
     cdef Py_ssize_t length[6]
@@ -169,7 +178,7 @@ def new_entries(bytes key not None, int64_t first_seq, events, tokens, group_fir
         seq_u32, iteration_u32 = _uint32(seq), _uint32(iteration)
         records.append((_numbered(key, seq_u32), record))
         _be32(value, seq_u32)
-        host_count = event[_HOST_COUNT]
+        host_count = event[_HOST_TOKEN_COUNT]
         if host_count is None:
             index.append((_suffixed(key, text[0], length[0]), PyBytes_FromStringAndSize(value, 4)))
         else:
@@ -178,9 +187,9 @@ def new_entries(bytes key not None, int64_t first_seq, events, tokens, group_fir
         if iteration > last_iteration:
             iteration_starts.append((_numbered(key, iteration_u32), PyBytes_FromStringAndSize(value, 4)))
             last_iteration = iteration
-        _le32(packed + 12 * i, _uint32(count))
-        _le32(packed + 12 * i + 4, iteration_u32)
-        _le32(packed + 12 * i + 8, _uint32(group_firsts[i]))
+        _le32(packed + _RECORD_SIZE * i + _TOKENS_AT, _uint32(count))
+        _le32(packed + _RECORD_SIZE * i + _ITERATION_AT, iteration_u32)
+        _le32(packed + _RECORD_SIZE * i + _GROUP_FIRST_AT, _uint32(group_firsts[i]))
     return records, index, counts, iteration_starts
 
 
@@ -205,7 +214,7 @@ cdef inline bint _plain_id(str value, Py_ssize_t max_bytes, bint required) excep
 
 # The rules an appended event must pass, in the order a refusal names them (the first one it
 # breaks): ``_RULE_<NAME>`` is rule NAME's bit in ``event_faults``' masks, its place here (the
-# twin's EVENT_RULES). The sidecar words each refusal
+# twin's EVENT_RULES; tests/test_architecture.py compares). The sidecar words each refusal
 # (sidecar/transcript/log.py) and checks a tool call's arguments, JSON, itself.
 EVENT_RULES = ("event_id", "event_id_reserved", "iteration", "iteration_turn", "role", "type", "content", "call_id",
                "tool_call", "host_token_count")
@@ -219,7 +228,7 @@ cdef enum:
     _RULE_CONTENT = 1 << 6
     _RULE_CALL_ID = 1 << 7
     _RULE_TOOL_CALL = 1 << 8
-    _RULE_HOST_COUNT = 1 << 9
+    _RULE_HOST_TOKEN_COUNT = 1 << 9
 
 
 def event_faults(events, int64_t max_event_bytes, turn, tuple roles not None, str reserved_prefix not None,
@@ -231,7 +240,7 @@ def event_faults(events, int64_t max_event_bytes, turn, tuple roles not None, st
     cdef int faults
     for i in range(len(events)):
         event = events[i]
-        event_id, iteration, host_count = event[_EVENT_ID], event[_ITERATION], event[_HOST_COUNT]
+        event_id, iteration, host_count = event[_EVENT_ID], event[_ITERATION], event[_HOST_TOKEN_COUNT]
         PyUnicode_AsUTF8AndSize(event[_CONTENT], &length)
         faults = 0
         if not _plain_id(event_id, max_id_bytes, True):
@@ -253,7 +262,7 @@ def event_faults(events, int64_t max_event_bytes, turn, tuple roles not None, st
         if event[_TOOL_NAME]:
             faults |= _RULE_TOOL_CALL
         if not (host_count is None or 0 <= host_count <= max_count):
-            faults |= _RULE_HOST_COUNT
+            faults |= _RULE_HOST_TOKEN_COUNT
         if faults:
             faulted.append((i, faults))
     return faulted

@@ -10,8 +10,9 @@ UTF-8 length (a varint) and bytes, an int32 as a varint (a negative one sign-ext
 
     1 event_id  2 seq  3 iteration  4 role  5 type  6 call_id  7 content  8 tokens  10 tool_name
 
-Keys are the run's ``key`` and then a number (4 bytes, big-endian) or a name (UTF-8). A packed
-count record is (tokens, iteration, group_first), three little-endian uint32 (``_fastcore``).
+Keys are the run's ``key`` and then a number (4 bytes, big-endian) or a name (UTF-8), as
+sidecar/transcript/schema.py makes them. A packed count record is (tokens, iteration,
+group_first), three little-endian uint32, as that module declares it (``COUNT_RECORD``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import struct
 from collections.abc import Sequence
 
 _STRING, _VARINT = 2, 0
-_COUNT_RECORD = struct.Struct("<III")
+_COUNT_RECORD = struct.Struct("<III")  # sidecar/transcript/schema.py's COUNT_RECORD
 # An event as new_entries reads it: a tuple with these fields first (sidecar's NewEvent).
 EVENT_FIELDS = ("event_id", "iteration", "role", "type", "content", "call_id", "host_token_count", "tool_name")
 

@@ -8,8 +8,13 @@ that the tests hold it to. This module knows nothing of LMDB or protobuf.
 from libc.stdint cimport uint32_t, uint64_t, int64_t
 from libc.stdlib cimport malloc, free
 
+# A count record, as sidecar/transcript/schema.py declares it (COUNT_RECORD, "<III"): three
+# little-endian uint32 at these offsets (tests/test_architecture.py compares).
 cdef enum:
     _RECORD_SIZE = 12
+    _TOKENS_AT = 0
+    _ITERATION_AT = 4
+    _GROUP_FIRST_AT = 8
 
 cdef uint32_t _NOT_A_UNIT = 0xFFFFFFFF
 
@@ -40,7 +45,7 @@ cdef int64_t _capped_sum(const unsigned char* p, Py_ssize_t lo, Py_ssize_t hi, u
     cdef uint32_t t
     cdef Py_ssize_t i
     for i in range(lo, hi):
-        t = _u32(p + i * _RECORD_SIZE)
+        t = _u32(p + i * _RECORD_SIZE + _TOKENS_AT)
         total += t if t < cap else cap
     return total
 
@@ -50,7 +55,7 @@ cdef uint32_t _clip_cap(const unsigned char* p, Py_ssize_t lo, Py_ssize_t hi, in
     cdef uint32_t low = 0, high = 0, mid, t
     cdef Py_ssize_t i
     for i in range(lo, hi):
-        t = _u32(p + i * _RECORD_SIZE)
+        t = _u32(p + i * _RECORD_SIZE + _TOKENS_AT)
         if t > high:
             high = t
     while low < high:
@@ -65,7 +70,7 @@ cdef uint32_t _clip_cap(const unsigned char* p, Py_ssize_t lo, Py_ssize_t hi, in
 cdef inline int64_t _group_first(const unsigned char* p, Py_ssize_t j, int64_t base_seq,
                                  int64_t floor_seq) noexcept nogil:
     # A non-unit stands alone; a group reaching below the floor counts as starting there.
-    cdef uint32_t g = _u32(p + j * _RECORD_SIZE + 8)
+    cdef uint32_t g = _u32(p + j * _RECORD_SIZE + _GROUP_FIRST_AT)
     if g == _NOT_A_UNIT:
         return base_seq + j
     return g if g > floor_seq else floor_seq
@@ -107,7 +112,8 @@ def select_window(const unsigned char[::1] records not None, int64_t base_seq, i
     try:
         with nogil:
             active_start = n
-            while active_start > floor and _u32(p + (active_start - 1) * _RECORD_SIZE + 4) >= active_iteration:
+            while active_start > floor and \
+                    _u32(p + (active_start - 1) * _RECORD_SIZE + _ITERATION_AT) >= active_iteration:
                 active_start -= 1
             if active_start == 0 and base_seq > floor_seq and n > 0:
                 need_more = 1
@@ -128,21 +134,21 @@ def select_window(const unsigned char[::1] records not None, int64_t base_seq, i
                     capped = _capped_sum(p, mandatory, n, cap)
                 else:
                     for j in range(mandatory, n):
-                        units += _u32(p + j * _RECORD_SIZE + 8) != _NOT_A_UNIT
+                        units += _u32(p + j * _RECORD_SIZE + _GROUP_FIRST_AT) != _NOT_A_UNIT
                     cut = mandatory
                     while True:
                         if cut == floor:
                             if base_seq > floor_seq:
                                 need_more = 1
                             break
-                        if _u32(p + (cut - 1) * _RECORD_SIZE + 8) != _NOT_A_UNIT:
+                        if _u32(p + (cut - 1) * _RECORD_SIZE + _GROUP_FIRST_AT) != _NOT_A_UNIT:
                             if max_events > 0 and units >= max_events:
                                 break
-                            if total + _u32(p + (cut - 1) * _RECORD_SIZE) > budget:
+                            if total + _u32(p + (cut - 1) * _RECORD_SIZE + _TOKENS_AT) > budget:
                                 break
                             units += 1
                         cut -= 1
-                        total += _u32(p + cut * _RECORD_SIZE)
+                        total += _u32(p + cut * _RECORD_SIZE + _TOKENS_AT)
                     if not need_more:
                         # Never split a group: move the cut newer until groups stay whole.
                         while suffix_min[cut] < base_seq + cut:
@@ -150,7 +156,7 @@ def select_window(const unsigned char[::1] records not None, int64_t base_seq, i
                         total = _capped_sum(p, cut, n, 0xFFFFFFFF)
                         units = 0
                         for j in range(cut, n):
-                            units += _u32(p + j * _RECORD_SIZE + 8) != _NOT_A_UNIT
+                            units += _u32(p + j * _RECORD_SIZE + _GROUP_FIRST_AT) != _NOT_A_UNIT
     finally:
         free(suffix_min)
 
@@ -167,7 +173,7 @@ def select_window(const unsigned char[::1] records not None, int64_t base_seq, i
             units += 1
             prefix_in += 1
     # The window starts at its oldest event that is transcript: log entries at its edge stay out.
-    while cut < mandatory and _u32(p + cut * _RECORD_SIZE + 8) == _NOT_A_UNIT:
+    while cut < mandatory and _u32(p + cut * _RECORD_SIZE + _GROUP_FIRST_AT) == _NOT_A_UNIT:
         cut += 1
     return (base_seq + cut, base_seq + mandatory, total, -1, prefix_in)
 
@@ -203,7 +209,7 @@ def compaction_cut(const unsigned char[::1] records not None, int64_t base_seq, 
             target = max_tokens
         best = floor
         for cut in range(floor + 1, protect + 1):
-            total += _u32(p + (cut - 1) * _RECORD_SIZE)
+            total += _u32(p + (cut - 1) * _RECORD_SIZE + _TOKENS_AT)
             if suffix_min[cut] < base_seq + cut:
                 continue  # this cut would split a group
             if first_whole < 0:
@@ -226,7 +232,7 @@ def splits_group(const unsigned char[::1] records not None, int64_t base_seq, in
     cdef int64_t found = -1
     with nogil:
         for j in range(n):
-            if base_seq + j >= cut and _u32(p + j * _RECORD_SIZE + 8) != _NOT_A_UNIT \
+            if base_seq + j >= cut and _u32(p + j * _RECORD_SIZE + _GROUP_FIRST_AT) != _NOT_A_UNIT \
                     and _group_first(p, j, base_seq, floor_seq) < cut:
                 found = base_seq + j
                 break
@@ -240,7 +246,7 @@ def own_entries(const unsigned char[::1] records not None, int64_t base_seq):
     cdef Py_ssize_t j
     found = []
     for j in range(n):
-        if _u32(p + j * _RECORD_SIZE + 8) == _NOT_A_UNIT:
+        if _u32(p + j * _RECORD_SIZE + _GROUP_FIRST_AT) == _NOT_A_UNIT:
             found.append(base_seq + j)
     return found
 
@@ -248,7 +254,8 @@ def own_entries(const unsigned char[::1] records not None, int64_t base_seq):
 cdef inline bint _boundary(const unsigned char* p, Py_ssize_t j, Py_ssize_t n, Py_ssize_t floor,
                            int64_t base_seq, const int64_t* suffix_min) noexcept nogil:
     # A turn boundary that keeps every group whole (the caller never asks at 0 with records before).
-    if not (j == floor or j == n or _u32(p + (j - 1) * _RECORD_SIZE + 4) != _u32(p + j * _RECORD_SIZE + 4)):
+    if not (j == floor or j == n
+            or _u32(p + (j - 1) * _RECORD_SIZE + _ITERATION_AT) != _u32(p + j * _RECORD_SIZE + _ITERATION_AT)):
         return False
     return suffix_min[j] >= base_seq + j
 
@@ -267,7 +274,8 @@ def recent_start(const unsigned char[::1] records not None, int64_t base_seq, in
     if suffix_min == NULL:
         raise MemoryError()
     with nogil:
-        while start > floor and <int64_t>_u32(p + (start - 1) * _RECORD_SIZE + 4) > active_iteration - keep_turns:
+        while start > floor and \
+                <int64_t>_u32(p + (start - 1) * _RECORD_SIZE + _ITERATION_AT) > active_iteration - keep_turns:
             start -= 1
         while True:
             if start == 0 and more_before:
@@ -281,7 +289,7 @@ def recent_start(const unsigned char[::1] records not None, int64_t base_seq, in
             position = start
             while position > floor:
                 position -= 1
-                total += _u32(p + position * _RECORD_SIZE)
+                total += _u32(p + position * _RECORD_SIZE + _TOKENS_AT)
                 if total > max_tokens:
                     break  # every older boundary holds more still
                 if position == 0 and more_before:
@@ -321,7 +329,7 @@ def select_stable_window(const unsigned char[::1] records not None, int64_t base
     if previous_start > floor_seq:
         if start < 1 and base_seq > floor_seq:
             return None  # whether log entries precede the start lies before these records
-        while start > floor and _u32(p + (start - 1) * _RECORD_SIZE + 8) == _NOT_A_UNIT:
+        while start > floor and _u32(p + (start - 1) * _RECORD_SIZE + _GROUP_FIRST_AT) == _NOT_A_UNIT:
             start -= 1  # log entries weigh nothing: the same window starts before them
         if start == 0 and base_seq > floor_seq:
             return None
@@ -349,12 +357,12 @@ def select_stable_window(const unsigned char[::1] records not None, int64_t base
             summaries = 0
         fed_tokens = _capped_sum(p, start, n, 0xFFFFFFFF)
         for j in range(start, n):
-            fed_units += _u32(p + j * _RECORD_SIZE + 8) != _NOT_A_UNIT
+            fed_units += _u32(p + j * _RECORD_SIZE + _GROUP_FIRST_AT) != _NOT_A_UNIT
     for k in range(m - summaries, m):
         fed_tokens += prefix[k]
     fed_units += summaries
     if fed_tokens <= budget and (max_events <= 0 or fed_units <= max_events):
-        while start < mandatory and _u32(p + start * _RECORD_SIZE + 8) == _NOT_A_UNIT:
+        while start < mandatory and _u32(p + start * _RECORD_SIZE + _GROUP_FIRST_AT) == _NOT_A_UNIT:
             start += 1
         return (base_seq + start, mandatory_seq, fed_tokens, -1, summaries)
 
@@ -382,6 +390,6 @@ def select_stable_window(const unsigned char[::1] records not None, int64_t base
     if chosen[0] >= recent:
         return chosen  # the recent turns do not fit the budget: the newest events that do
     start = <Py_ssize_t>(<int64_t>recent - base_seq)
-    while start < mandatory and _u32(p + start * _RECORD_SIZE + 8) == _NOT_A_UNIT:
+    while start < mandatory and _u32(p + start * _RECORD_SIZE + _GROUP_FIRST_AT) == _NOT_A_UNIT:
         start += 1
     return (base_seq + start, mandatory_seq, _capped_sum(p, start, n, 0xFFFFFFFF), -1, 0)

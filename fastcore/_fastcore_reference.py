@@ -4,7 +4,7 @@ These are the specification: tests run the compiled functions and these side by 
 and random inputs and require identical answers. Nothing in the sidecar imports this module to
 serve requests; the compiled module is what runs.
 
-Packed event records (shared with ``sidecar.storage.codec``): one record per event, ``RECORD_SIZE``
+Packed count records (declared by ``sidecar/transcript/schema.py``): one per log entry, ``RECORD_SIZE``
 bytes, three little-endian uint32 fields:
 
     tokens       the event's token count in its run's counter

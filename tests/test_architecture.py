@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import re
+import struct
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -414,6 +415,82 @@ def benchmark_import_violations(root: Path) -> list[str]:
                for relative in files("tests") for name in of(relative, "benchmarks", "benchmarks._lib")])
 
 
+# h. Byte layouts written once. sidecar/transcript/schema.py declares the count record (its struct
+# and its fields' offsets), sidecar/transcript/log.py the order of NewEvent's fields, and the twin
+# of fastcore's _entries the event rules' order. The compiled modules read and write those bytes
+# by offset, an event tuple by position and a rule by its bit, so their constants, and the
+# twins', must say the same: read from the source, so a constant changed there is caught before
+# anything is built.
+
+LAYOUT_FILES = ("sidecar/transcript/schema.py", "sidecar/transcript/log.py", "fastcore/_entries_reference.py",
+                "fastcore/_fastcore_reference.py", "fastcore/_entries.pyx", "fastcore/_fastcore.pyx")
+
+
+def literals(root: Path, relative: str) -> dict[str, Any]:
+    """A Python module's top-level names bound to literals, a ``struct.Struct(format)`` as its
+    format; and, for a class, its fields in order (``name._fields``)."""
+    found: dict[str, Any] = {}
+    for node in ast.parse((root / relative).read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.ClassDef):
+            found[f"{node.name}._fields"] = tuple(
+                item.target.id for item in node.body if isinstance(item, ast.AnnAssign)
+                and isinstance(item.target, ast.Name))
+        if not isinstance(node, ast.Assign):
+            continue
+        value = node.value
+        if isinstance(value, ast.Call) and ast.unparse(value.func) == "struct.Struct":
+            value = value.args[0]
+        try:
+            literal = ast.literal_eval(value)
+        except ValueError:
+            continue
+        for target in node.targets:
+            if isinstance(target, ast.Name):
+                found[target.id] = literal
+            elif isinstance(target, ast.Tuple) and isinstance(literal, tuple):
+                found.update((name.id, item) for name, item in zip(target.elts, literal) if isinstance(name, ast.Name))
+    return found
+
+
+def enum_members(root: Path, relative: str) -> dict[str, int]:
+    """The members of a .pyx source's ``cdef enum:`` blocks and its tuple ``EVENT_RULES``."""
+    source = (root / relative).read_text(encoding="utf-8")
+    found: dict[str, Any] = {}
+    for block in re.finditer(r"^cdef enum:\n((?:[ \t]+\w+ = [^\n]+\n)+)", source, re.MULTILINE):
+        for name, value in re.findall(r"^[ \t]+(\w+) = ([^\n#]+)", block.group(1), re.MULTILINE):
+            found[name] = eval(value, {"__builtins__": {}})  # the module's own constants: 12, 1 << 3
+    rules = re.search(r"^EVENT_RULES = (\([^)]*\))", source, re.MULTILINE)
+    if rules:
+        found["EVENT_RULES"] = ast.literal_eval(rules.group(1))
+    return found
+
+
+def layout_violations(root: Path) -> list[str]:
+    schema, log = literals(root, LAYOUT_FILES[0]), literals(root, LAYOUT_FILES[1])
+    entries_twin, fastcore_twin = literals(root, LAYOUT_FILES[2]), literals(root, LAYOUT_FILES[3])
+    record = {"_RECORD_SIZE": struct.calcsize(schema["COUNT_RECORD"]), "_TOKENS_AT": schema["TOKENS_AT"],
+              "_ITERATION_AT": schema["ITERATION_AT"], "_GROUP_FIRST_AT": schema["GROUP_FIRST_AT"]}
+    fields = log["NewEvent._fields"]
+    # The fields new_entries reads, each at its place in a NewEvent; each rule's bit, its place.
+    read = {f"_{name.upper()}": fields.index(name) if name in fields else None for name in entries_twin["EVENT_FIELDS"]}
+    rules = {f"_RULE_{rule.upper()}": 1 << bit for bit, rule in enumerate(entries_twin["EVENT_RULES"])}
+    said = {LAYOUT_FILES[4]: {**record, **read, **rules, "EVENT_RULES": entries_twin["EVENT_RULES"]},
+            LAYOUT_FILES[5]: record}
+    violations = [f"{relative}: {name} is {enum_members(root, relative).get(name)}, but the layout it reads says "
+                  f"{value} ({LAYOUT_FILES[0]}, NewEvent in {LAYOUT_FILES[1]}, EVENT_RULES in {LAYOUT_FILES[2]})"
+                  for relative, expected in said.items() for name, value in expected.items()
+                  if enum_members(root, relative).get(name) != value]
+    for relative, name, value in ((LAYOUT_FILES[2], "_COUNT_RECORD", entries_twin.get("_COUNT_RECORD")),
+                                  (LAYOUT_FILES[3], "_RECORD", fastcore_twin.get("_RECORD")),
+                                  (LAYOUT_FILES[3], "RECORD_SIZE", fastcore_twin.get("RECORD_SIZE"))):
+        expected = record["_RECORD_SIZE"] if name == "RECORD_SIZE" else schema["COUNT_RECORD"]
+        if value != expected:
+            violations.append(f"{relative}: {name} is {value!r}, but {LAYOUT_FILES[0]} says {expected!r}")
+    if tuple(fields[:len(entries_twin["EVENT_FIELDS"])]) != tuple(entries_twin["EVENT_FIELDS"]):
+        violations.append(f"{LAYOUT_FILES[2]}: EVENT_FIELDS are not the first fields of NewEvent")
+    return violations
+
+
 # The real tree keeps every rule.
 
 def test_the_real_tree_is_read_whole() -> None:
@@ -787,3 +864,45 @@ def test_the_readme_stays_a_front_door() -> None:
     """At most 8,000 characters: what it is, the two commands, a turn, the guarantees, the speed,
     the map; reference material belongs on a docs/ page."""
     assert len((ROOT / "README.md").read_text(encoding="utf-8")) <= 8000
+
+
+# The byte layouts: the compiled modules and their twins say what schema.py and NewEvent say.
+
+def test_the_compiled_modules_read_the_layouts_as_declared() -> None:
+    assert layout_violations(ROOT) == []
+    # The rule reads what runs: the constants it reads are the imported ones.
+    import fastcore
+    from fastcore import _entries_reference
+    from sidecar.transcript import schema
+    from sidecar.transcript.log import NewEvent
+    assert enum_members(ROOT, "fastcore/_fastcore.pyx")["_RECORD_SIZE"] == fastcore.RECORD_SIZE == schema.RECORD_SIZE
+    assert literals(ROOT, "sidecar/transcript/log.py")["NewEvent._fields"] == NewEvent._fields
+    assert enum_members(ROOT, "fastcore/_entries.pyx")["EVENT_RULES"] == fastcore.EVENT_RULES == \
+        _entries_reference.EVENT_RULES
+
+
+@pytest.mark.parametrize("relative, old, new, reported", [
+    ("fastcore/_entries.pyx", "_RECORD_SIZE = 12", "_RECORD_SIZE = 16", "fastcore/_entries.pyx: _RECORD_SIZE is 16"),
+    ("fastcore/_fastcore.pyx", "_GROUP_FIRST_AT = 8", "_GROUP_FIRST_AT = 4",
+     "fastcore/_fastcore.pyx: _GROUP_FIRST_AT is 4"),
+    ("fastcore/_entries.pyx", "_TYPE = 3", "_TYPE = 4", "fastcore/_entries.pyx: _TYPE is 4"),
+    ("fastcore/_entries.pyx", "_RULE_ROLE = 1 << 4", "_RULE_ROLE = 1 << 5", "_RULE_ROLE is 32"),
+    ("sidecar/transcript/schema.py", 'struct.Struct("<III")', 'struct.Struct("<IIQ")',
+     "fastcore/_fastcore.pyx: _RECORD_SIZE is 12, but the layout it reads says 16"),
+    ("sidecar/transcript/schema.py", "= 0, 4, 8", "= 8, 4, 0", "fastcore/_entries.pyx: _TOKENS_AT is 0"),
+    ("sidecar/transcript/log.py", "    role: str\n    type: str\n", "    type: str\n    role: str\n",
+     "fastcore/_entries.pyx: _ROLE is 2, but the layout it reads says 3"),
+    ("fastcore/_entries_reference.py", '"iteration", "iteration_turn"', '"iteration_turn", "iteration"',
+     "fastcore/_entries.pyx: _RULE_ITERATION is 4, but the layout it reads says 8"),
+    ("fastcore/_fastcore_reference.py", 'struct.Struct("<III")', 'struct.Struct("<IIH")',
+     "fastcore/_fastcore_reference.py: _RECORD is '<IIH'"),
+])
+def test_a_layout_constant_changed_on_one_side_is_reported(tmp_path: Path, relative: str, old: str, new: str,
+                                                           reported: str) -> None:
+    root = build(tmp_path, {name: (ROOT / name).read_text(encoding="utf-8") for name in LAYOUT_FILES})
+    assert layout_violations(root) == []
+    text = (root / relative).read_text(encoding="utf-8")
+    assert text.count(old) == 1, old
+    (root / relative).write_text(text.replace(old, new), encoding="utf-8")
+    violations = layout_violations(root)
+    assert any(reported in violation for violation in violations), violations

@@ -3,8 +3,8 @@
 - An event is a serialized ``contextsidecar.storage.v1.EventRecord`` (protobuf). Its fields
   are, number for number, those of the API's ``WindowEntry``, so the wire layer sends a stored
   event as it is, without decoding it on the turn's hot path (sidecar/storage/proto/contextsidecar/storage).
-- Per-event count records are the packed arrays fastcore walks: (tokens, iteration,
-  group_first) as three little-endian uint32.
+- Per-event count records, the packed arrays fastcore walks, are the transcript's own layout:
+  ``sidecar/transcript/schema.py`` declares them, with the chunks that hold them.
 - A memory entry is a serialized ``MemoryRecord``, likewise the API's ``MemoryEntry``.
 - Event ids of a chunk are NUL-joined (ids never contain NUL), so a window's ids come from one
   read and one split instead of a decode per event.
@@ -17,19 +17,14 @@ types in ``sidecar.pb.contextsidecar.v1`` stay the wire layer's alone.
 from __future__ import annotations
 
 import json
-import struct
 from dataclasses import dataclass
 
 import orjson
 
-import fastcore
 from sidecar.pb.contextsidecar.storage.v1.memory_pb2 import MemoryRecord
 from sidecar.pb.contextsidecar.storage.v1.records_pb2 import EventRecord
 
 ID_SEPARATOR = "\0"
-
-_COUNT_RECORD = struct.Struct("<III")
-assert _COUNT_RECORD.size == fastcore.RECORD_SIZE
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,10 +70,6 @@ def encode_memory(entry_id: str, content: str, tags: list[str] | tuple[str, ...]
 
 def memory_content(data: bytes) -> str:
     return MemoryRecord.FromString(data).content
-
-
-def pack_count(tokens: int, iteration: int, group_first: int) -> bytes:
-    return _COUNT_RECORD.pack(tokens, iteration, group_first)
 
 
 def encode_id_index(seq: int, host_token_count: int | None) -> bytes:

@@ -33,8 +33,6 @@ and a count.
 from __future__ import annotations
 
 import json
-import struct
-from array import array
 from collections.abc import Callable
 from itertools import compress
 
@@ -47,27 +45,25 @@ from sidecar.text.counting import Counters, TokenCounter
 from sidecar.transcript.log import LogWriter, prefix_end
 from sidecar.transcript.runs import SIDECAR_ID_PREFIX, Deps
 from sidecar.transcript.schema import (
-    CHUNK_EVENTS,
     FedForm,
+    LogChunks,
     copy_form,
-    count_chunk,
+    count_at,
     count_columns,
     current_forms,
     event_by_id,
     forms_below,
     made_in,
-    put_counts,
     put_form,
     read_counts,
     read_event,
+    tokens_at,
     window_at,
 )
 from sidecar.transcript.summaries import append_compaction, in_force, kept_turns
 from sidecar.transcript.window import clip_frame
 
 CLEARED_TYPE = "context.cleared"
-_COUNT = struct.Struct("<III")
-assert array("I").itemsize == 4, "the count records' fields are 32-bit"
 
 
 # A tool's own output is always fed fenced (sidecar.text.fencing), so no fed result but a
@@ -260,7 +256,8 @@ def clear_as_recorded(deps: Deps, writer: LogWriter, iteration: int, event_ids: 
     changes = []
     for event_id in event_ids:
         event = event_by_id(txn, db, key, event_id)
-        _, _, call_seq = _COUNT.unpack_from(read_counts(txn, db, key, event.seq, event.seq + 1))  # its group: the call
+        _, _, call_seq = count_at(read_counts(txn, db, key, event.seq, event.seq + 1), event.seq,
+                                  event.seq)  # its group: the call
         text = placeholder(read_event(txn, db, key, call_seq).tool_name, event.call_id, event.tokens)
         changes.append((event, text, counter.count(text)))
     _record(writer, CLEARED_TYPE, "cleared", iteration, changes)
@@ -283,7 +280,7 @@ def _record(writer: LogWriter, entry_type: str, kind: str, iteration: int,
     counts = read_counts(txn, db, key, changes[0][0].seq, changes[-1][0].seq + 1)
     before = after = 0
     for event, text, tokens in changes:
-        weighs = _COUNT.unpack_from(counts, (event.seq - changes[0][0].seq) * fastcore.RECORD_SIZE)[0]
+        weighs = tokens_at(counts, changes[0][0].seq, event.seq)
         before, after = before + weighs, after + tokens
         _put_form(writer, event, kind, text, tokens, iteration)
     ids = [event.event_id for event, _, _ in changes]
@@ -309,12 +306,7 @@ def fork_forms(txn: Txn, db: dict, source_key: bytes, fork_key: bytes, from_seq:
             kept[form.seq] = form.tokens
         else:
             later.setdefault(form.seq, form.original_tokens)
-    chunks: dict[int, bytearray] = {}
+    counts = LogChunks(txn, db, fork_key, with_ids=False)
     for seq, original in later.items():
-        chunk = seq // CHUNK_EVENTS
-        if chunk not in chunks:
-            chunks[chunk] = bytearray(count_chunk(txn, db, fork_key, chunk))
-        at = (seq - chunk * CHUNK_EVENTS) * fastcore.RECORD_SIZE
-        chunks[chunk][at:at + 4] = kept.get(seq, original).to_bytes(4, "little")
-    for chunk, records in chunks.items():
-        put_counts(txn, db, fork_key, chunk, bytes(records))
+        counts.set_tokens(seq, kept.get(seq, original))
+    counts.flush()

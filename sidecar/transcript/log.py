@@ -18,26 +18,23 @@ from typing import NamedTuple
 import fastcore
 from sidecar.errors import Conflict, ValidationError
 from sidecar.settings import ROLES, ContextSettings
-from sidecar.storage.codec import ID_SEPARATOR, StoredEvent, encode_event, encode_id_index, pack_count
+from sidecar.storage.codec import StoredEvent, encode_event, encode_id_index
 from sidecar.storage.keys import Txn
 from sidecar.text.counting import Counters
 from sidecar.transcript.runs import SIDECAR_ID_PREFIX, Run, save_run
 from sidecar.transcript.schema import (
-    CHUNK_EVENTS,
+    LogChunks,
     call_group,
-    count_chunk,
     indexed_event,
     iteration_start,
-    joined_ids,
     leave_out,
     log_entries_from,
     log_entries_in,
     name_key,
     numbered_key,
-    put_chunk,
+    pack_count,
     read_event,
     read_ids,
-    stored_id_chunk,
 )
 from sidecar.validation import (
     MAX_COUNT,
@@ -51,7 +48,6 @@ from sidecar.validation import (
 )
 
 MAX_EVENTS_PER_RUN = 2**31 - 1  # seq travels as int32
-ID_SEPARATOR_BYTES = ID_SEPARATOR.encode("utf-8")
 MAX_TYPE_BYTES = 64
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -88,15 +84,12 @@ class AppendResult(NamedTuple):
 
 class LogWriter:
     """Appends entries to one run's log inside a write transaction, keeping the chunks it touches
-    in memory until :meth:`flush` writes those that changed, and the run record. A chunk's ids
-    are kept as stored (joined), and an appended id is joined on: every append rewrites the
-    chunk's record, and splitting and joining its ids each time cost more than the rest of it."""
+    in memory (:class:`~sidecar.transcript.schema.LogChunks`) until :meth:`flush` writes those that
+    changed, and the run record."""
 
     def __init__(self, txn: Txn, db: dict, key: bytes, run: Run) -> None:
         self.txn, self.db, self.key, self.run = txn, db, key, run
-        self._counts: dict[int, bytearray] = {}
-        self._ids: dict[int, bytearray] = {}
-        self._changed: set[int] = set()  # chunks changed since the last flush
+        self._chunks = LogChunks(txn, db, key)
 
     def append(self, entry: StoredEvent, group_first: int, host_token_count: int | None = None) -> None:
         """Write ``entry`` (its seq must be the run's next) with its count record."""
@@ -114,9 +107,7 @@ class LogWriter:
             txn.put(numbered_key(key, iteration), seq.to_bytes(4, "big"), db=db["iterations"])
         txn.put(numbered_key(key, seq), record, db=db["events"])
         txn.put(name_key(key, event_id), encode_id_index(seq, host_token_count), db=db["event_ids"])
-        chunk = self._chunk(seq)
-        self._counts[chunk] += pack_count(tokens, iteration, group_first)
-        self._join(chunk, [event_id])
+        self._chunks.append(seq, pack_count(tokens, iteration, group_first), (event_id,))
         if group_first == fastcore.NOT_A_UNIT:
             txn.put(numbered_key(key, seq), run.log_entries.to_bytes(4, "big"), db=db["log_entries"])
             run.log_entries += 1
@@ -136,13 +127,7 @@ class LogWriter:
         txn.cursor(db=db["event_ids"]).putmulti(index)
         if iteration_starts:
             txn.cursor(db=db["iterations"]).putmulti(iteration_starts)
-        placed = 0
-        while placed < len(events):  # the chunks they fall in, in order
-            chunk = self._chunk(first + placed)
-            end = min(len(events), (chunk + 1) * CHUNK_EVENTS - first)
-            self._counts[chunk] += counts[placed * fastcore.RECORD_SIZE:end * fastcore.RECORD_SIZE]
-            self._join(chunk, [event.event_id for event in events[placed:end]])
-            placed = end
+        self._chunks.append(first, counts, [event.event_id for event in events])
         if events:
             assert events[0].iteration >= run.last_iteration
             run.next_seq = first + len(events)
@@ -152,29 +137,10 @@ class LogWriter:
         """Make entry ``seq`` weigh ``tokens`` in every window chosen from now on: the count of the
         form it is fed in from now on (a cleared tool result's placeholder, a clipped result's
         clipped text), so that fastcore's selection sees what is fed."""
-        chunk = self._chunk(seq)
-        at = (seq - chunk * CHUNK_EVENTS) * fastcore.RECORD_SIZE
-        self._counts[chunk][at:at + 4] = tokens.to_bytes(4, "little")
-
-    def _chunk(self, seq: int) -> int:
-        """The chunk holding ``seq``, read into memory once per writer (and marked changed)."""
-        chunk = seq // CHUNK_EVENTS
-        if chunk not in self._counts:
-            self._counts[chunk] = bytearray(count_chunk(self.txn, self.db, self.key, chunk))
-            self._ids[chunk] = bytearray(stored_id_chunk(self.txn, self.db, self.key, chunk))
-        self._changed.add(chunk)
-        return chunk
-
-    def _join(self, chunk: int, event_ids: list[str]) -> None:
-        ids = self._ids[chunk]
-        if ids:
-            ids += ID_SEPARATOR_BYTES
-        ids += joined_ids(event_ids)
+        self._chunks.set_tokens(seq, tokens)
 
     def flush(self) -> None:
-        for chunk in sorted(self._changed):
-            put_chunk(self.txn, self.db, self.key, chunk, bytes(self._counts[chunk]), bytes(self._ids[chunk]))
-        self._changed.clear()
+        self._chunks.flush()
         save_run(self.txn, self.db, self.key, self.run)
 
 

@@ -1,5 +1,5 @@
-"""The transcript area's storage: the keys and records of its databases (``AREAS["runs"]``), and
-the reads and writes of them, so that their layout is written out once.
+"""The transcript area's storage: the keys and records of its databases (``AREAS["runs"]``), their
+byte layouts, and the reads and writes of them.
 
 Everything of a run lives under its key, ``scope(tenant, run_id)`` (tenant NUL run id NUL,
 :func:`run_key`). After it, a key holds a number (:func:`numbered_key`: 4 bytes big-endian, so
@@ -11,7 +11,7 @@ LMDB's key order is numeric order) or a name (:func:`name_key`)::
     event_ids           event id                 its seq, and the host's count when it sent one (codec)
     call_ids            call id                  the seq of the call's first event (its group)
     iterations          iteration                the seq of its first entry
-    counts              chunk                    packed count records (codec), CHUNK_EVENTS to a chunk
+    counts              chunk                    packed count records (COUNT_RECORD), CHUNK_EVENTS to a chunk
     id_chunks           chunk                    the chunk's event ids, NUL-joined
     log_entries         seq                      how many of the sidecar's own entries came before it
     windows             iteration                what was fed, JSON (WindowRecord)
@@ -23,16 +23,24 @@ LMDB's key order is numeric order) or a name (:func:`name_key`)::
 
 The run record and a summary are typed where they are made (``runs``, ``summaries``); the
 records every stage of a turn reads (the window, the compaction record, a fed form) are typed
-here. Only the log's per-event writes (``log.LogWriter.append``) stay where they are, written
-out inline: they run once per event, on the turn's hot path.
+here, and so are the count records and their chunks: the other modules read and change them
+through :class:`CountTail`, :class:`LogChunks` and the count-record functions, never by offset.
+
+Written elsewhere, by these layouts: an event's record is ``storage.codec``'s ``EventRecord``;
+an append's host events (records, keys, id index, count records) are made in C by fastcore's
+``_entries``, which reads each event tuple by the order ``log.NewEvent`` declares, and whose
+constants ``tests/test_architecture.py`` holds to those here; and ``log.LogWriter.append_record``
+puts one entry of the sidecar's own with this module's keys, inline, as it runs on the turn's
+hot path.
 """
 
 from __future__ import annotations
 
 import json
+import struct
 import sys
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from itertools import compress, islice
 from typing import TYPE_CHECKING, cast
@@ -54,9 +62,52 @@ if TYPE_CHECKING:
     import lmdb
 
 
+# -- the count records' layout ------------------------------------------------------------------
+# One count record per log entry: (tokens, iteration, group_first), three little-endian uint32,
+# packed end to end. This is its one declaration: fastcore's compiled modules (_fastcore.pyx,
+# _entries.pyx, and their twins) read and write it at these offsets, and
+# tests/test_architecture.py holds their constants to these.
+COUNT_RECORD = struct.Struct("<III")
+RECORD_SIZE = COUNT_RECORD.size
+TOKENS_AT, ITERATION_AT, GROUP_FIRST_AT = 0, 4, 8  # each field's byte offset in a record
+assert RECORD_SIZE == fastcore.RECORD_SIZE, "fastcore was built from another count-record layout"
+assert array("I").itemsize == 4, "count_columns reads the records' fields as 32-bit"
 # 128 packed records are 1.5 KiB: small enough to stay inline in an LMDB leaf page, so an append
 # rewrites one page instead of a chain of overflow pages (measured: ~15% off a durable turn).
 CHUNK_EVENTS = 128
+ID_SEPARATOR_BYTES = ID_SEPARATOR.encode("utf-8")
+
+
+def pack_count(tokens: int, iteration: int, group_first: int) -> bytes:
+    """One count record."""
+    return COUNT_RECORD.pack(tokens, iteration, group_first)
+
+
+def records_in(counts: bytes) -> int:
+    """How many count records ``counts`` holds."""
+    return len(counts) // RECORD_SIZE
+
+
+def count_at(counts: bytes, base_seq: int, seq: int) -> tuple[int, int, int]:
+    """Entry ``seq``'s count record, (tokens, iteration, group_first), in ``counts`` (which
+    begin at entry ``base_seq``)."""
+    return COUNT_RECORD.unpack_from(counts, (seq - base_seq) * RECORD_SIZE)
+
+
+def tokens_at(counts: bytes, base_seq: int, seq: int) -> int:
+    """What entry ``seq`` weighs, in ``counts`` (which begin at entry ``base_seq``)."""
+    at = (seq - base_seq) * RECORD_SIZE + TOKENS_AT
+    return int.from_bytes(counts[at:at + 4], "little")
+
+
+def counts_from(counts: bytes, base_seq: int, seq: int) -> bytes:
+    """The records of ``counts`` (which begin at entry ``base_seq``) from entry ``seq`` on."""
+    return counts[(seq - base_seq) * RECORD_SIZE:]
+
+
+def unpacked(counts: bytes) -> Iterator[tuple[int, int, int]]:
+    """Each record of ``counts``, (tokens, iteration, group_first)."""
+    return COUNT_RECORD.iter_unpack(counts)
 
 
 # -- keys -------------------------------------------------------------------------------------
@@ -198,7 +249,7 @@ def stored_id_chunk(txn: Txn, db: dict, key: bytes, chunk: int) -> bytes:
     return _get(txn, db["id_chunks"], numbered_key(key, chunk)) or b""
 
 
-def joined_ids(ids: list[str]) -> bytes:
+def joined_ids(ids: Sequence[str]) -> bytes:
     """Ids as a chunk stores them."""
     return ID_SEPARATOR.join(ids).encode("utf-8")
 
@@ -229,7 +280,86 @@ def read_counts(txn: Txn, db: dict, key: bytes, start: int, end: int) -> bytes:
     first, last = start // CHUNK_EVENTS, (end - 1) // CHUNK_EVENTS
     records = count_chunks(txn, db, key, first, last + 1)
     offset = first * CHUNK_EVENTS
-    return records[(start - offset) * fastcore.RECORD_SIZE:(end - offset) * fastcore.RECORD_SIZE]
+    return records[(start - offset) * RECORD_SIZE:(end - offset) * RECORD_SIZE]
+
+
+class CountTail:
+    """The count records of a log's tail ``[base, end)``, read by whole chunks back from ``end``
+    and never below the chunk of ``floor``: a window is chosen from the newest chunk, and more of
+    the history is read only while the answer reaches further back."""
+
+    def __init__(self, txn: Txn, db: dict, key: bytes, floor: int, end: int) -> None:
+        self._txn, self._db, self._key = txn, db, key
+        self._last = (end - 1) // CHUNK_EVENTS if end else 0
+        self._first = self._last
+        self._floor = min(floor // CHUNK_EVENTS, self._last)
+        self.records = (count_chunk(txn, db, key, self._last)[:(end - self._last * CHUNK_EVENTS) * RECORD_SIZE]
+                        if end > floor else b"")
+        self.base = self._first * CHUNK_EVENTS if end > floor else end  # the seq of the first record
+
+    def reach_back_to(self, seq: int) -> None:
+        """Hold entry ``seq`` (below the tail's end) too, or as much as the floor allows."""
+        self._read_from(max(self._floor, min(self._last, seq // CHUNK_EVENTS)))
+
+    def read_further(self) -> None:
+        """Read back as many chunks again as held (never below the floor's)."""
+        self._read_from(max(self._floor, self._first - (self._last - self._first + 1)))
+
+    def _read_from(self, first: int) -> None:
+        self.records = count_chunks(self._txn, self._db, self._key, first, self._first, then=self.records)
+        self._first = first
+        self.base = first * CHUNK_EVENTS
+
+
+class LogChunks:
+    """A run's per-chunk arrays while they are written: each chunk's count records and, ``with_ids``,
+    its event ids as stored (joined), read once, changed in memory and put by :meth:`flush`. An
+    appended id is joined on: every append rewrites its chunk, and splitting and joining the ids
+    each time cost more than the rest of it."""
+
+    def __init__(self, txn: Txn, db: dict, key: bytes, with_ids: bool = True) -> None:
+        self._txn, self._db, self._key, self._with_ids = txn, db, key, with_ids
+        self._counts: dict[int, bytearray] = {}
+        self._ids: dict[int, bytearray] = {}
+        self._changed: set[int] = set()  # chunks changed since the last flush
+
+    def append(self, first_seq: int, counts: bytes, event_ids: Sequence[str]) -> None:
+        """Entries ``first_seq``, ``first_seq + 1``, ... (the log's next): their packed count
+        records and their ids, into the chunks they fall in."""
+        placed = 0
+        while placed < len(event_ids):
+            chunk = self._chunk(first_seq + placed)
+            end = min(len(event_ids), (chunk + 1) * CHUNK_EVENTS - first_seq)
+            self._counts[chunk] += counts[placed * RECORD_SIZE:end * RECORD_SIZE]
+            ids = self._ids[chunk]
+            if ids:
+                ids += ID_SEPARATOR_BYTES
+            ids += joined_ids(event_ids[placed:end])
+            placed = end
+
+    def set_tokens(self, seq: int, tokens: int) -> None:
+        """Make entry ``seq``'s count record say it weighs ``tokens``."""
+        chunk = self._chunk(seq)
+        at = (seq - chunk * CHUNK_EVENTS) * RECORD_SIZE + TOKENS_AT
+        self._counts[chunk][at:at + 4] = tokens.to_bytes(4, "little")
+
+    def _chunk(self, seq: int) -> int:
+        """The chunk holding ``seq``, read into memory once (and marked changed)."""
+        chunk = seq // CHUNK_EVENTS
+        if chunk not in self._counts:
+            self._counts[chunk] = bytearray(count_chunk(self._txn, self._db, self._key, chunk))
+            if self._with_ids:
+                self._ids[chunk] = bytearray(stored_id_chunk(self._txn, self._db, self._key, chunk))
+        self._changed.add(chunk)
+        return chunk
+
+    def flush(self) -> None:
+        for chunk in sorted(self._changed):
+            if self._with_ids:
+                put_chunk(self._txn, self._db, self._key, chunk, bytes(self._counts[chunk]), bytes(self._ids[chunk]))
+            else:
+                put_counts(self._txn, self._db, self._key, chunk, bytes(self._counts[chunk]))
+        self._changed.clear()
 
 
 def count_columns(counts: bytes) -> array:
@@ -317,7 +447,7 @@ def copy_log(txn: Txn, db: dict, source_key: bytes, fork_key: bytes, from_seq: i
     copy_under(txn, db["log_entries"], source_key, fork_key, lambda seq, _: int.from_bytes(seq, "big") < from_seq)
     for chunk in range((from_seq - 1) // CHUNK_EVENTS + 1):
         kept = min(CHUNK_EVENTS, from_seq - chunk * CHUNK_EVENTS)
-        put_chunk(txn, db, fork_key, chunk, count_chunk(txn, db, source_key, chunk)[:kept * fastcore.RECORD_SIZE],
+        put_chunk(txn, db, fork_key, chunk, count_chunk(txn, db, source_key, chunk)[:kept * RECORD_SIZE],
                   joined_ids(id_chunk(txn, db, source_key, chunk)[:kept]))
 
 

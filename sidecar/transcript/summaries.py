@@ -51,9 +51,11 @@ from sidecar.transcript.schema import (
     read_counts,
     read_event,
     read_ids,
+    records_in,
     run_id_of,
     summary_record,
     summary_records,
+    tokens_at,
 )
 from sidecar.validation import check_at_least, check_id, check_text_bytes
 
@@ -365,11 +367,11 @@ def protected_from(deps: Deps, txn: Txn, key: bytes, run: Run, iteration: int,
     reaches further back. ``counts`` must hold the log from ``base_seq`` to its end."""
     settings = run.settings
     by_turns = prefix_end(txn, deps.db, key, run, iteration - max(settings.keep_last_turns, 1))
-    by_tokens = base_seq + len(counts) // fastcore.RECORD_SIZE
+    by_tokens = base_seq + records_in(counts)
     total = 0
     while settings.keep_last_tokens and by_tokens > base_seq and total < settings.keep_last_tokens:
         by_tokens -= 1
-        total += _tokens_at(counts, base_seq, by_tokens)
+        total += tokens_at(counts, base_seq, by_tokens)
     return min(by_turns, by_tokens)
 
 
@@ -544,7 +546,7 @@ def _new_summary(deps: Deps, run: Run, request: SummaryRequest, strategy: str, t
     on top of the one in force)."""
     tokens_after = count_texts(deps.counters, run.settings.token_counter, [request.text], [request.host_token_count],
                                ["host_token_count"])[0]
-    tokens_before = sum(_tokens_at(replaced.counts, replaced.floor, seq) for seq in replaced.seqs)
+    tokens_before = sum(tokens_at(replaced.counts, replaced.floor, seq) for seq in replaced.seqs)
     tokens_before += sum(summary.tokens for summary in replaced.summaries)
     below = replaced.summaries[0].below if replaced.summaries else (top.index if top else NO_SUMMARY)
     index = run.summaries
@@ -555,11 +557,6 @@ def _new_summary(deps: Deps, run: Run, request: SummaryRequest, strategy: str, t
         replaced_turns=tuple(replaced.refs) + tuple(replaced.event_ids), tokens_before=tokens_before,
         tokens_after=tokens_after, strategy=strategy, text_sha256=text_sha256, below=below,
         depth=(top.depth if top else 0) - len(replaced.summaries) + 1)
-
-
-def _tokens_at(counts: bytes, base_seq: int, seq: int) -> int:
-    at = (seq - base_seq) * fastcore.RECORD_SIZE
-    return int.from_bytes(counts[at:at + 4], "little")
 
 
 def _ref_index(ref: str) -> int | None:
@@ -638,7 +635,7 @@ def recent_from(settings: RunSettings, counts: bytes, base_seq: int, iteration: 
 def _tokens_between(counts: bytes, base_seq: int, start: int, end: int) -> int:
     """The tokens of the entries of ``[start, end)`` in ``counts`` (which begin at ``base_seq``);
     the sidecar's own log entries weigh nothing there."""
-    return sum(_tokens_at(counts, base_seq, seq) for seq in range(max(start, base_seq), end))
+    return sum(tokens_at(counts, base_seq, seq) for seq in range(max(start, base_seq), end))
 
 
 def tokens_of(deps: Deps, txn: Txn, key: bytes, top: Summary | None, ids: tuple[str, ...]) -> int:

@@ -8,7 +8,6 @@ for every event below their floor. What was fed is persisted per iteration, so t
 
 from __future__ import annotations
 
-import struct
 from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -17,7 +16,7 @@ import fastcore
 from sidecar.caching import Cache, Caches, CacheSpec, text_bytes
 from sidecar.context_window.rendering import CLIPPED_ARGUMENTS
 from sidecar.errors import TokenBudgetExceeded, TranscriptWindowExceeded
-from sidecar.storage.codec import StoredEvent, decode_event, pack_count
+from sidecar.storage.codec import StoredEvent, decode_event
 from sidecar.storage.environment import after_commit
 from sidecar.storage.keys import Txn
 from sidecar.telemetry.tracing import phase
@@ -26,19 +25,21 @@ from sidecar.text.fencing import split_block
 from sidecar.transcript.log import log_entries_before, prefix_end
 from sidecar.transcript.runs import Deps, Run, RunSettings, require_run
 from sidecar.transcript.schema import (
-    CHUNK_EVENTS,
     Compaction,
+    CountTail,
     WindowRecord,
-    count_chunk,
-    count_chunks,
+    count_at,
+    counts_from,
     current_forms,
     forms_listed,
     leave_out,
     log_entries_in,
+    pack_count,
     previous_window,
     read_counts,
     read_ids,
     read_records,
+    unpacked,
 )
 from sidecar.transcript.summaries import (
     NO_SUMMARY,
@@ -53,8 +54,6 @@ from sidecar.transcript.summaries import (
     read_artifacts,
 )
 from sidecar.validation import MAX_COUNT
-
-_COUNT = struct.Struct("<III")  # a count record: tokens, iteration, group_first
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,12 +159,7 @@ def _plan(deps: Deps, txn: Txn, key: bytes, run: Run, iteration: int,
     top = in_force(txn, deps.db, key, run, iteration) if run.summaries else None
     floor = top.to_seq if top else 0
     prefix = feedable_tokens(txn, deps.db, key, top, budget, settings.transcript_window, run.incarnation)
-    last_chunk = (end - 1) // CHUNK_EVENTS if end else 0
-    first_chunk = last_chunk
-    floor_chunk = min(floor // CHUNK_EVENTS, last_chunk)
-    records = (count_chunk(txn, deps.db, key, last_chunk)[: (end - last_chunk * CHUNK_EVENTS) * fastcore.RECORD_SIZE]
-               if end > floor else b"")
-    base = first_chunk * CHUNK_EVENTS if end > floor else end
+    tail = CountTail(txn, deps.db, key, floor, end)
     stable = settings.window_policy == "cache_stable"
     if stable:
         previous_start, previous_prefix_in, previous_top = previous_window_start(txn, deps.db, key, iteration)
@@ -173,10 +167,9 @@ def _plan(deps: Deps, txn: Txn, key: bytes, run: Run, iteration: int,
             previous_start = -1  # a summary recorded since, of all before the window: it is fed
         if floor < previous_start < end:
             # The window reaches back to the previous start at least: read from there at once.
-            first_chunk = max(floor_chunk, min(last_chunk, (previous_start - 1) // CHUNK_EVENTS))
-            records = count_chunks(txn, deps.db, key, first_chunk, last_chunk, then=records)
-            base = first_chunk * CHUNK_EVENTS
+            tail.reach_back_to(previous_start - 1)
     while True:
+        records, base = tail.records, tail.base
         if stable:
             chosen = fastcore.select_stable_window(records, base, iteration, budget, settings.transcript_window, floor,
                                                    prefix, previous_start, previous_prefix_in,
@@ -192,10 +185,7 @@ def _plan(deps: Deps, txn: Txn, key: bytes, run: Run, iteration: int,
                                             prefix)
         if chosen is not None:
             break
-        earlier = max(floor_chunk, first_chunk - (last_chunk - first_chunk + 1))
-        records = count_chunks(txn, deps.db, key, earlier, first_chunk, then=records)
-        first_chunk = earlier
-        base = first_chunk * CHUNK_EVENTS
+        tail.read_further()
     start, mandatory, tokens, cap, prefix_in = chosen
     if settings.transcript_window:
         # fastcore never extends the window past the bound, but the active turn and the calls its
@@ -261,8 +251,7 @@ def _back_to_recent_turns(chosen: tuple, records: bytes, base: int, iteration: i
         return chosen
     moved = _from_start(records, base, recent, mandatory)
     # The last keep_last_turns turns may pass the bounds on their own: then the kept start stays.
-    units = sum(group != fastcore.NOT_A_UNIT for _, _, group in
-                _COUNT.iter_unpack(records[(moved[0] - base) * fastcore.RECORD_SIZE:]))
+    units = sum(group != fastcore.NOT_A_UNIT for _, _, group in unpacked(counts_from(records, base, moved[0])))
     if moved[2] > budget or (settings.transcript_window and units > settings.transcript_window):
         return chosen
     return moved
@@ -270,12 +259,11 @@ def _back_to_recent_turns(chosen: tuple, records: bytes, base: int, iteration: i
 
 def _from_start(records: bytes, base: int, start: int, mandatory: int) -> tuple[int, int, int, int, int]:
     """The window of every event from ``start`` (at its first transcript event) to the log's end."""
-    first = start - base
-    while first < mandatory - base and \
-            _COUNT.unpack_from(records, first * fastcore.RECORD_SIZE)[2] == fastcore.NOT_A_UNIT:
+    first = start
+    while first < mandatory and count_at(records, base, first)[2] == fastcore.NOT_A_UNIT:
         first += 1  # the window starts at a transcript event
-    tokens = sum(count for count, _, _ in _COUNT.iter_unpack(records[first * fastcore.RECORD_SIZE:]))
-    return base + first, mandatory, tokens, -1, 0
+    tokens = sum(count for count, _, _ in unpacked(counts_from(records, base, first)))
+    return first, mandatory, tokens, -1, 0
 
 
 def summary_room(run: Run, budget: int) -> int:

@@ -5,8 +5,20 @@ from __future__ import annotations
 
 import json
 
-from sidecar.storage.codec import dump_json
-from sidecar.transcript.schema import Compaction, CompactionRecord, WindowRecord, form_key, name_key, numbered_key
+import fastcore
+from sidecar.storage.codec import dump_json, encode_id_index
+from sidecar.transcript.log import NewEvent
+from sidecar.transcript.schema import (
+    Compaction,
+    CompactionRecord,
+    WindowRecord,
+    count_at,
+    form_key,
+    name_key,
+    numbered_key,
+    pack_count,
+    run_key,
+)
 
 
 def _window_as_persisted() -> dict:
@@ -67,3 +79,16 @@ def test_keys_are_the_run_key_then_a_big_endian_number_or_a_name() -> None:
     assert numbered_key(key, 258) == key + b"\0\0\x01\x02"
     assert name_key(key, "é") == key + "é".encode()
     assert form_key(key, 1, 2) == key + b"\0\0\0\x01\0\0\0\x02"
+
+
+def test_fastcore_writes_an_append_in_the_keys_and_records_this_module_reads() -> None:
+    """fastcore's new_entries makes an append's keys and count records itself, in C: they are the
+    ones this module makes and reads."""
+    key = run_key("tenant", "run")
+    events = [NewEvent("e1", 1, "user", "message", "hi"), NewEvent("é2", 3, "tool", "tool_result", "ok", "c", 7)]
+    records, index, counts, starts = fastcore.new_entries(key, 127, events, [5, 9], [127, 127], 0)
+    assert [stored_key for stored_key, _ in records] == [numbered_key(key, 127), numbered_key(key, 128)]
+    assert index == [(name_key(key, "e1"), encode_id_index(127, None)), (name_key(key, "é2"), encode_id_index(128, 7))]
+    assert starts == [(numbered_key(key, iteration), seq.to_bytes(4, "big")) for iteration, seq in ((1, 127), (3, 128))]
+    assert counts == pack_count(5, 1, 127) + pack_count(9, 3, 127)
+    assert [count_at(counts, 127, seq) for seq in (127, 128)] == [(5, 1, 127), (9, 3, 127)]
