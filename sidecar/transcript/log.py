@@ -66,6 +66,16 @@ class NewEvent(NamedTuple):
     tool_name: str = ""  # on a tool call: the tool; the content is then its arguments (a JSON object)
     untrusted: bool = False  # fed inside the untrusted-data block (as every role "tool" event is)
 
+    @classmethod
+    def from_fields(cls, event_id: str, iteration: int, role: str, type: str, content: str, call_id: str,
+                    host_token_count: int | None, tool_name: str, untrusted: bool) -> NewEvent:
+        """An event from every one of its fields: with the fields' declaration above, the one
+        place that knows their order, which fastcore's ``new_entries`` and ``event_faults`` read
+        the tuple by (``_entries.pyx``; tests/test_architecture.py compares). Made as the
+        tuple of its fields, without the named tuple's defaults."""
+        return tuple.__new__(cls, (event_id, iteration, role, type, content, call_id, host_token_count, tool_name,
+                                   untrusted))
+
     def with_content(self, content: str) -> NewEvent:
         return self if content is self.content else self._replace(content=content)
 

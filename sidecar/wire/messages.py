@@ -40,11 +40,10 @@ def optional(message: Any, field: str) -> Any:
 
 
 def new_event_from(event: pb.Event) -> NewEvent:
-    # Made as the tuple of its fields: a named tuple's constructor is a Python function, a fifth
-    # of the conversion of every event of an append.
     host_count = event.host_token_count if event.HasField("host_token_count") else None
-    return tuple.__new__(NewEvent, (event.event_id, event.iteration, event.role, event.type, event.content,
-                                    event.call_id, host_count, event.tool_name, event.untrusted))
+    return NewEvent.from_fields(event_id=event.event_id, iteration=event.iteration, role=event.role, type=event.type,
+                                content=event.content, call_id=event.call_id, host_token_count=host_count,
+                                tool_name=event.tool_name, untrusted=event.untrusted)
 
 
 def run_settings_to(settings: RunSettings) -> pb.RunSettings:
