@@ -433,9 +433,14 @@ class SpecificationMachine(RuleBasedStateMachine):
         fork.model.starts = {i: start for i, start in source.model.starts.items() if i in fork.answers}
         # A clip is the fork's when it carries the window that made it (its re-cut on the next
         # turn, at half the run's budget, the fork makes alike); else the fork never clipped the
-        # event: it feeds it whole, or clips it in its own turn of that iteration.
+        # event: it feeds it whole, or clips it in its own turn of that iteration. The re-cut's
+        # bytes are the fork's only when it carries the window that fed them: a later window of
+        # the source may have clipped the re-cut again to fit its own turn, which the fork's own
+        # turn need not.
         carried_ids = {event.event_id for event in carried}
-        fork.model.clips = {event_id: dataclasses.replace(clip) for event_id, clip in source.model.clips.items()
+        fork.model.clips = {event_id: dataclasses.replace(clip) if clip.recut_seen in fork.answers else
+                            dataclasses.replace(clip, recut=None, recut_seen=None)
+                            for event_id, clip in source.model.clips.items()
                             if event_id in carried_ids and clip.made in fork.answers}
         fork_log = self.log(fork)
         assert carried == [e for e in fork_log if e.type not in ("context.summarized", "context.cleared")], \

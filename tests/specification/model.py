@@ -142,6 +142,7 @@ class Clip:
     tokens: int
     floor: int  # the tokens of its smallest marked form
     recut: tuple[str, int] | None = None  # (text, tokens) fed from the next turn on, once seen
+    recut_seen: int | None = None  # the iteration whose window first fed ``recut``
 
 
 @dataclass
@@ -269,7 +270,7 @@ class RunModel:
                 if text in (clip.text, clip.recut and clip.recut[0]):
                     continue
                 if clip.recut is None and self.recut(clip):
-                    clip.recut = (text, tokens)
+                    clip.recut, clip.recut_seen = (text, tokens), iteration
                     continue
             # Clipped in this turn: its own, or an earlier event its active turn pulled in.
             record = next(record for record in log if record["event_id"] == event_id)

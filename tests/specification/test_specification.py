@@ -100,6 +100,30 @@ def test_a_host_summary_asked_for_is_fed(counters: Counters) -> None:
     assert machine.summaries_fed >= 2, "the source's summary and the fork's are checked fed"
 
 
+def test_a_branch_fork_recuts_the_clips_it_carries(counters: Counters) -> None:
+    """Found by the long command (after 52 minutes): a result clipped in its own turn is re-cut to
+    half the budget on the next, and that turn, its own results clipped too, may cut it shorter
+    still. A branch fork that carries the first turn but not the second re-cuts the result for
+    its own turn, to half the budget: the source's later bytes are not the fork's."""
+    machine = type("BranchClip", (SpecificationMachine,), {"counters": counters, "shared_urls": None, "steps": 0,
+                                                            "summaries_asked": 0, "summaries_fed": 0})
+    state = machine()
+    quiet = {"seed": 0, "user_words": 0, "untrusted": False, "calls": [], "cross_turn": False, "reply_words": 0,
+             "via_append": False, "render": "", "max_tokens": None}
+    try:
+        state.start(config=Config(token_counter="o200k_base", budget=600, window_policy="cache_stable",
+                                  clearing=False, summaries="none", keep_last_turns=0, transcript_window=0,
+                                  trim_to_fraction=0.6))
+        state.turn(index=0, shape={**quiet, "calls": ["huge", "tiny"], "cross_turn": True})
+        state.reassemble(back=0, index=0)
+        state.turn(index=0, shape={**quiet, "calls": ["huge"]})
+        state.reassemble(back=0, index=0)
+        state.fork(depart=None, index=0, mode="branch", where=0.505129817097491)
+        state.turn(index=1, shape=quiet)
+    finally:
+        state.teardown()
+
+
 @pytest.fixture(scope="module")
 def postgres() -> Iterator[Postgres]:
     server = Postgres()
