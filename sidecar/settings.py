@@ -24,6 +24,8 @@ STRATEGIES = ("sliding-window", "recursive", "map-reduce")  # RFC 0111 summariza
 SUMMARISERS = ("none", "extractive")
 WINDOW_POLICIES = ("cache_stable", "max_fill")
 ROLES = ("system", "user", "assistant", "tool")
+# A tool's name: an event's tool_name, a profile's tool, the tools [clearing] names.
+TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 # The most bytes an event takes on the wire besides its content: ids of at most 256 bytes
 # (event_id, call_id), type and tool_name of at most 64, role, numbers, field tags and lengths.
 MAX_EVENT_OVERHEAD_BYTES = 1024
@@ -301,7 +303,6 @@ SECTIONS: dict[str, type] = {
     "tracing": TracingSettings, "log": LogSettings}
 _TENANT_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
-_TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # as transcript.log.TOOL_NAME, which imports this module
 
 _SIZE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB|TiB)?\s*$")
 _SIZE_UNITS = {None: 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
@@ -362,7 +363,7 @@ def _coerce(section: str, option: dataclasses.Field, value: Any, source: str) ->
     if kind == tuple[str, ...]:
         # A TOML array, or one comma-separated string from the environment or a flag.
         names = [name.strip() for name in value.split(",") if name.strip()] if isinstance(value, str) else value
-        if not isinstance(names, list) or not all(isinstance(name, str) and _TOOL_NAME.match(name) for name in names):
+        if not isinstance(names, list) or not all(isinstance(name, str) and TOOL_NAME.match(name) for name in names):
             raise ConfigError(f"{where}: expected tool names (1-64 of A-Z a-z 0-9 _ -), got {value!r}")
         return tuple(names)
     if not isinstance(value, str):

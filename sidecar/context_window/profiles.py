@@ -30,12 +30,11 @@ from sidecar.context_window.rendering import (
     openai_static,
 )
 from sidecar.errors import NotFound, ValidationError
+from sidecar.settings import TOOL_NAME
 from sidecar.storage.codec import dump_json, load_json
 from sidecar.storage.keys import Db, Txn
 from sidecar.text.fencing import fence
 from sidecar.text.redaction import redact_json_text, refuse_secrets
-from sidecar.transcript.log import TOOL_NAME
-from sidecar.transcript.runs import Run
 from sidecar.validation import check_id, check_text_bytes, json_field, json_schema_validator
 
 # The sections' names, spelled here only. In their declared order: the static sections (from the
@@ -380,18 +379,21 @@ class ProfileCache:
         return self._entries.get_or_make(key, load, deep_bytes)
 
 
-def load_profile(txn: Txn, db: dict[str, Db], key: bytes, run: Run, cache: ProfileCache) -> PreparedProfile:
-    """The run's prepared profile (:data:`EMPTY_PROFILE` for a run that never set one)."""
-    if not run.profile_digest:
+def load_profile(txn: Txn, db: dict[str, Db], key: bytes, profile_digest: str,
+                 cache: ProfileCache) -> PreparedProfile:
+    """The run's prepared profile, which its run record names by ``profile_digest``
+    (:data:`EMPTY_PROFILE` for a run that never set one: "")."""
+    if not profile_digest:
         return EMPTY_PROFILE
-    return cache.get((key, run.profile_digest),
+    return cache.get((key, profile_digest),
                      lambda: _parse_profile(load_json(_named(schema.read_profile(txn, db, key)))))
 
 
-def load_task(txn: Txn, db: dict[str, Db], key: bytes, run: Run, cache: ProfileCache) -> PreparedTask:
-    if not run.task_digest:
+def load_task(txn: Txn, db: dict[str, Db], key: bytes, task_digest: str, cache: ProfileCache) -> PreparedTask:
+    """The run's prepared task, named by ``task_digest`` (:data:`EMPTY_TASK`: "")."""
+    if not task_digest:
         return EMPTY_TASK
-    return cache.get((key, run.task_digest), lambda: _parse_task(load_json(_named(schema.read_task(txn, db, key)))))
+    return cache.get((key, task_digest), lambda: _parse_task(load_json(_named(schema.read_task(txn, db, key)))))
 
 
 def empty_profile() -> PreparedProfile:

@@ -13,9 +13,9 @@ the parts that did.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import Protocol, cast
 
 from sidecar.caching import Cache, Caches, CacheSpec, text_bytes
 from sidecar.context_window.policy import KeepInput, Policy, SectionTokens
@@ -57,10 +57,32 @@ from sidecar.context_window.rendering import (
 from sidecar.errors import TokenBudgetExceeded, ValidationError
 from sidecar.storage.codec import StoredEvent, decode_event
 from sidecar.storage.environment import after_commit
-from sidecar.transcript.window import TranscriptWindow
 from sidecar.validation import MAX_COUNT
 
 RENDERINGS = ("openai_responses", "anthropic_messages")
+
+
+class Clipped(Protocol):
+    """An entry fed in another form than its content: clipped, or a cleared result's placeholder."""
+
+    @property
+    def text(self) -> str: ...  # what is fed
+    @property
+    def tokens(self) -> int: ...  # its count
+    @property
+    def original_tokens(self) -> int: ...  # the content's own count
+
+
+@dataclass(frozen=True, slots=True)
+class FedTranscript:
+    """The transcript window a turn feeds, as the sections and renderings read it: plain values
+    the turn gives (the transcript is the area above this one)."""
+
+    event_ids: Sequence[str]  # the entries', oldest first: the summaries fed, then the events
+    records: Sequence[bytes]  # the entries as stored
+    clips: Mapping[int, Clipped]  # by position: the entries fed in another form
+    summaries_fed: int  # how many of the entries (the first ones) are summaries
+    token_count: int  # the entries' tokens as fed
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,14 +162,14 @@ def prefix_changed(plan: Layout, fed_before: dict[str, str] | None) -> tuple[str
     return tuple(part for part in STATIC_PARTS if fed_before.get(part) != plan.parts[part])
 
 
-def entry_at(window: TranscriptWindow, position: int) -> tuple[StoredEvent, str, int]:
+def entry_at(window: FedTranscript, position: int) -> tuple[StoredEvent, str, int]:
     """The entry at ``position``: its event, the text fed and that text's tokens."""
     event = decode_event(window.records[position])
     clip = window.clips.get(position)
     return (event, event.content, event.tokens) if clip is None else (event, clip.text, clip.tokens)
 
 
-def sections(plan: Layout, window: TranscriptWindow, history: Sequence[HistoryItem],
+def sections(plan: Layout, window: FedTranscript, history: Sequence[HistoryItem],
              with_text: bool = True) -> list[Section]:
     """Every section of the window, in the declared order. The transcript's sections name
     their entries; their tokens add up to the window's transcript tokens. ``history`` is the
@@ -220,7 +242,7 @@ class HistoryCache:
     def __init__(self, caches: Caches) -> None:
         self._runs: Cache[tuple, tuple[dict[str | tuple, HistoryItem], int]] = caches.of(HISTORY_ITEMS)
 
-    def items(self, window: TranscriptWindow, run: tuple, will_be_cleared: WillBeCleared = never_cleared) -> \
+    def items(self, window: FedTranscript, run: tuple, will_be_cleared: WillBeCleared = never_cleared) -> \
             tuple[HistoryItem, ...]:
         """The window's entries as items: a tuple, which the renderings split into turns once
         for the whole request (see rendering._turns). ``will_be_cleared`` tells the results a
@@ -334,7 +356,7 @@ def _as_provider_counts(form: str, plan: Layout, tokens: list[int], upto: int) -
     return texts + FRAMING_TOKENS * (_static_blocks(form, plan) + upto - 1)
 
 
-def cache_state(form: str, plan: Layout, window: TranscriptWindow, history: Sequence[HistoryItem],
+def cache_state(form: str, plan: Layout, window: FedTranscript, history: Sequence[HistoryItem],
                 changed: tuple[str, ...], previous: dict | None, count: Callable[[str], int] = uncounted,
                 cold: bool = False) -> dict:
     """This request's cache state, to persist with its window (what the next turn compares

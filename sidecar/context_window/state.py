@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import jsonschema
 
@@ -22,7 +22,6 @@ from sidecar.context_window.schema import put_usage, read_last_usage
 from sidecar.errors import FieldViolation, NotFound, StateInvalid, ValidationError
 from sidecar.storage.keys import Db, Txn
 from sidecar.text.redaction import redact_json_text
-from sidecar.transcript.schema import window_at
 from sidecar.validation import MAX_COUNT, check_text_bytes, json_schema_validator
 
 SUBSET = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -110,9 +109,17 @@ class Usage:
     reported_cached_tokens: int = 0  # cached_tokens (OpenAI) or cache_read_input_tokens (Anthropic)
 
 
-def record_usage(txn: Txn, db: dict[str, Db], key: bytes, run_id: str, iteration: int, input_tokens: int,
-                 cached_tokens: int, output_tokens: int, now_ms: int, cache_read_input_tokens: int = 0,
-                 cache_creation_input_tokens: int = 0) -> Usage:
+class Fed(NamedTuple):
+    """What the sidecar fed at an iteration, as the transcript persisted its window."""
+
+    tokens: int  # everything fed: the transcript's tokens and the sections' and tools'
+    predicted_cached_tokens: int  # its cache report's stable_prefix_tokens (0: none)
+
+
+def record_usage(txn: Txn, db: dict[str, Db], key: bytes, run_id: str, iteration: int, fed: Fed | None,
+                 input_tokens: int, cached_tokens: int, output_tokens: int, now_ms: int,
+                 cache_read_input_tokens: int = 0, cache_creation_input_tokens: int = 0) -> Usage:
+    """Record the usage of ``iteration``, which fed ``fed`` (None: it was never assembled)."""
     for name, value in (("input_tokens", input_tokens), ("cached_tokens", cached_tokens),
                         ("output_tokens", output_tokens), ("cache_read_input_tokens", cache_read_input_tokens),
                         ("cache_creation_input_tokens", cache_creation_input_tokens)):
@@ -129,13 +136,10 @@ def record_usage(txn: Txn, db: dict[str, Db], key: bytes, run_id: str, iteration
     if prompt_tokens > MAX_COUNT:
         raise ValidationError.field("input_tokens",
                                     f"with the cache's tokens is {prompt_tokens}, more than {MAX_COUNT}")
-    window = window_at(txn, db, key, iteration)
-    if window is None:
+    if fed is None:
         raise NotFound(f"iteration {iteration} of run {run_id!r} was never assembled")
-    fed, cache = window.fed_tokens, window.cache
-    predicted = cache["report"][0] if cache else 0
-    usage = Usage(iteration, input_tokens, cached_tokens, output_tokens, fed, prompt_tokens - fed, now_ms,
-                  cache_read_input_tokens, cache_creation_input_tokens, predicted,
+    usage = Usage(iteration, input_tokens, cached_tokens, output_tokens, fed.tokens, prompt_tokens - fed.tokens,
+                  now_ms, cache_read_input_tokens, cache_creation_input_tokens, fed.predicted_cached_tokens,
                   cache_read_input_tokens if anthropic else cached_tokens)
     put_usage(txn, db, key, iteration, {name: getattr(usage, name) for name in usage.__slots__})
     return usage

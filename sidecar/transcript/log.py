@@ -11,13 +11,12 @@ in a shorter form from some turn on (``clearing``), then that form's.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import fastcore
 from sidecar.errors import Conflict, ValidationError
-from sidecar.settings import ROLES, ContextSettings
+from sidecar.settings import ROLES, TOOL_NAME, ContextSettings
 from sidecar.storage.codec import StoredEvent, encode_event, encode_id_index
 from sidecar.storage.keys import Txn
 from sidecar.text.counting import Counters
@@ -49,7 +48,6 @@ from sidecar.validation import (
 
 MAX_EVENTS_PER_RUN = 2**31 - 1  # seq travels as int32
 MAX_TYPE_BYTES = 64
-TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
 class NewEvent(NamedTuple):

@@ -17,7 +17,6 @@ from typing import Any, TypeVar, overload
 from sidecar.caching import Cache, Caches, CacheSpec
 from sidecar.context_window import sections
 from sidecar.context_window.profiles import Profile, Task
-from sidecar.context_window.run_context import RunContexts
 from sidecar.context_window.sections import HistoryCache, Section
 from sidecar.errors import NO_DEADLINE, Deadline, NotFound, ValidationError
 from sidecar.settings import ClearingSettings, ContextSettings, RenderSettings
@@ -39,6 +38,7 @@ from sidecar.transcript.log import (
     prepare_events,
 )
 from sidecar.transcript.reassembly import REASSEMBLIES, Reassemblies
+from sidecar.transcript.run_context import RunContexts
 from sidecar.transcript.runs import (
     Deps,
     Run,

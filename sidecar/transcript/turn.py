@@ -21,8 +21,7 @@ from sidecar.context_window import sections
 from sidecar.context_window.policy import HistoryEvent, SummariseInput, SummariseResult, TriggerInput
 from sidecar.context_window.profiles import HISTORY
 from sidecar.context_window.rendering import HistoryItem, uncounted
-from sidecar.context_window.run_context import RunContexts
-from sidecar.context_window.sections import CacheReport, HistoryCache, Layout, Section
+from sidecar.context_window.sections import CacheReport, FedTranscript, HistoryCache, Layout, Section
 from sidecar.errors import Deadline, NotFound, PluginFailed, SidecarError
 from sidecar.settings import ClearingSettings, RenderSettings
 from sidecar.storage.codec import decode_event
@@ -32,6 +31,7 @@ from sidecar.telemetry import metrics, tracing
 from sidecar.transcript import clearing, forks
 from sidecar.transcript.log import AppendResult, LogWriter, NewEvent
 from sidecar.transcript.reassembly import Kept, Reassemblies
+from sidecar.transcript.run_context import RunContexts
 from sidecar.transcript.runs import (
     SIDECAR_ID_PREFIX,
     Deps,
@@ -316,8 +316,9 @@ class Turn:
 
     def _history(self, window: TranscriptWindow, run: Run) -> tuple[HistoryItem, ...]:
         """The window's entries as the renderings take them (kept across turns by the services)."""
-        return self._services.history.items(window, (self.key, run.incarnation), clearing.will_be_cleared(
-            self._services.clearing, run.settings.token_counter, self._deps.counters))
+        return self._services.history.items(_fed_transcript(window), (self.key, run.incarnation),
+                                            clearing.will_be_cleared(self._services.clearing,
+                                                                     run.settings.token_counter, self._deps.counters))
 
     # -- the cache report ---------------------------------------------------------------------
 
@@ -328,7 +329,8 @@ class Turn:
         previous = previous_window(txn, self._db, self.key, self.iteration)
         counter = window.token_counter
         context = window.context or {}
-        return sections.cache_state(self.render, layout, window, history, tuple(context.get("changed", ())),
+        return sections.cache_state(self.render, layout, _fed_transcript(window), history,
+                                    tuple(context.get("changed", ())),
                                     previous.cache if previous else None,
                                     self._deps.counters.get(counter).count if counter != "host-defined" else uncounted,
                                     bool(context.get("cold")))
@@ -428,6 +430,11 @@ class Turn:
         return assembled
 
 
+def _fed_transcript(window: TranscriptWindow) -> FedTranscript:
+    """The window as the sections read it: plain values."""
+    return FedTranscript(window.event_ids, window.records, window.clips, window.summaries_fed, window.token_count)
+
+
 def _fed_cold(record: WindowRecord | None) -> bool:
     """Whether a persisted window was chosen with the provider's cache cold."""
     return bool(record is not None and record.context and record.context.get("cold"))
@@ -472,7 +479,8 @@ def _assembled(fed: Fed, render: str, rendered: str) -> AssembledContext:
     layout, window, cache = fed.layout, fed.window, fed.cache
     context = window.context or {}
     return AssembledContext(
-        window, tuple(sections.sections(layout, window, fed.history, with_text=not render)), context.get("prefix", ""),
+        window, tuple(sections.sections(layout, _fed_transcript(window), fed.history, with_text=not render)),
+        context.get("prefix", ""),
         tuple(context.get("changed", ())), window.window_tokens, layout.profile.tools_tokens,
         context.get("limit", layout.turn_limit), context.get("task_id", layout.task_id),
         rendered, sections.cache_report(cache))

@@ -30,7 +30,6 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2
 
 from sidecar.caching import Caches
 from sidecar.context_window.policy import load_policy
-from sidecar.context_window.run_context import RunContexts
 from sidecar.context_window.state import StateSchemas
 from sidecar.errors import SharedStoreUnavailable, SidecarError
 from sidecar.memory.api import Memories
@@ -46,6 +45,7 @@ from sidecar.tenant_events.log import TenantEventLog
 from sidecar.text.counting import Counters
 from sidecar.text.redaction import Redactor
 from sidecar.transcript.reassembly import REASSEMBLIES
+from sidecar.transcript.run_context import RunContexts
 from sidecar.transcript.transcripts import Transcripts
 from sidecar.wire.auth import TenantOf
 from sidecar.wire.capabilities import capability_document

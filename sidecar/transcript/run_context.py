@@ -1,6 +1,10 @@
 """What a run feeds besides its transcript: its profile, its task and loaded skills, its
 agent-state data, the usage reported for it, and the layout of its window.
 
+The records are the context window's (``context_window.schema``), under the run's key; what
+reads or changes the run record (the digests it names them by, the window an iteration fed) is
+the transcript's, so the run contexts live here, above the context window.
+
 Each write validates and redacts first, renders and counts outside the write lock, then writes
 in one transaction; the run record names the profile and task records by digest, so a turn
 finds their prepared form in the cache without reading them.
@@ -37,7 +41,7 @@ from sidecar.context_window.profiles import (
     task_record,
 )
 from sidecar.context_window.sections import Layout, layout
-from sidecar.context_window.state import StateSchemas, Usage
+from sidecar.context_window.state import Fed, StateSchemas, Usage
 from sidecar.errors import Conflict, FieldViolation, NotFound, ValidationError
 from sidecar.settings import ContextSettings
 from sidecar.storage.environment import Store
@@ -45,7 +49,7 @@ from sidecar.storage.keys import Txn
 from sidecar.text.counting import Counters
 from sidecar.text.redaction import Redactor, refuse_secrets
 from sidecar.transcript.runs import Run, require_run, save_run
-from sidecar.transcript.schema import run_key
+from sidecar.transcript.schema import run_key, window_at
 
 HOST_DEFINED = "host-defined"
 
@@ -83,11 +87,11 @@ class RunContexts:
         """The run's window layout (cached per profile, task and counter)."""
         cache_key = (key, f"{run.profile_digest}/{run.task_digest}/layout")
         return self._cache.get(cache_key, lambda: layout(
-            self.policy, self.profile(txn, key, run), load_task(txn, self._db, key, run, self._cache), run_id,
+            self.policy, self.profile(txn, key, run), self.task_of(txn, key, run), run_id,
             self._defaults.model_window_tokens, self._defaults.turn_budget_tokens))
 
     def profile(self, txn: Txn, key: bytes, run: Run) -> PreparedProfile:
-        return load_profile(txn, self._db, key, run, self._cache)
+        return load_profile(txn, self._db, key, run.profile_digest, self._cache)
 
     # -- the profile and the task ---------------------------------------------------------------
 
@@ -223,7 +227,7 @@ class RunContexts:
         return schema.read_state_data(txn, self._db, key)
 
     def task_of(self, txn: Txn, key: bytes, run: Run) -> PreparedTask:
-        return load_task(txn, self._db, key, run, self._cache)
+        return load_task(txn, self._db, key, run.task_digest, self._cache)
 
     def record_usage(self, tenant: str, run_id: str, iteration: int, input_tokens: int, cached_tokens: int,
                      output_tokens: int, cache_read_input_tokens: int = 0,
@@ -235,8 +239,10 @@ class RunContexts:
 
         def write(txn: Txn) -> Usage:
             require_run(txn, self._db, key, run_id)
-            return state.record_usage(txn, self._db, key, run_id, iteration, input_tokens, cached_tokens,
-                                            output_tokens, now_ms, cache_read_input_tokens, cache_creation_input_tokens)
+            window = window_at(txn, self._db, key, iteration)
+            fed = None if window is None else Fed(window.fed_tokens, window.cache["report"][0] if window.cache else 0)
+            return state.record_usage(txn, self._db, key, run_id, iteration, fed, input_tokens, cached_tokens,
+                                      output_tokens, now_ms, cache_read_input_tokens, cache_creation_input_tokens)
 
         return self._store.write(write)
 
