@@ -1,10 +1,10 @@
 """The house rules, checked: imports run one way (the client beside the wire, apart from the
-rest), LMDB stays in storage and the areas' schema modules, each database belongs to one area
-and is named only there, every error has its row in the error table, and the tests mirror the
-code. Each rule is a function over a source root that returns its violations, so each is checked
-twice: the real tree has none, and a small tree built here that breaks the rule has the violation
-reported (a rule that cannot fail proves nothing). Also: the generated stubs are fresh, and
-stored records stay wire-compatible with the API."""
+rest), each area imports only the areas below it, LMDB stays in storage and the areas' schema
+modules, each database belongs to one area and is named only there, every error has its row in
+the error table, and the tests mirror the code. Each rule is a function over a source root that
+returns its violations, so each is checked twice: the real tree has none, and a small tree built
+here that breaks the rule has the violation reported (a rule that cannot fail proves nothing).
+Also: the generated stubs are fresh, and stored records stay wire-compatible with the API."""
 
 from __future__ import annotations
 
@@ -31,6 +31,13 @@ from tests.helpers import ROOT
 # Each area's folder in sidecar/ and its key in sidecar/storage/databases.py AREAS.
 AREA_DATABASES = {"transcript": "runs", "context_window": "run_context", "memory": "memory",
                   "tenant_events": "tenant_events"}
+# The areas' order, top to bottom: an area may import only the areas of the rows below its own
+# (none of its row). The transcript (the turn) uses the context window (sections, profiles,
+# renderings, policy); memory compaction reads the tenant's event log.
+AREA_ORDER = (
+    ("transcript", "memory"),
+    ("context_window", "tenant_events"),
+)
 SHARED = ("errors.py", "settings.py", "validation.py", "caching.py")  # used by every layer, so they use none
 ENTRY_POINTS = ("cli.py", "__main__.py")  # start the server: above the wire, not below it
 STORAGE_STUBS = "sidecar.pb.contextsidecar.storage"  # the stored format, read by storage/codec.py alone
@@ -167,6 +174,30 @@ def plugin_violations(root: Path) -> list[str]:
             for relative in sorted(path.relative_to(root) for path in (root / "tests" / "plugin").glob("*.py"))
             for name in outermost({name for name in imported(root, relative) if within(name, "sidecar")
                                    and name != "sidecar" and not within(name, "sidecar.plugin_api")})]
+
+
+# a2. Areas: each imports only the areas below it (AREA_ORDER). An import under ``if TYPE_CHECKING``
+# counts too: the lower area is then written in terms of the upper one's types (a change there
+# breaks its type check), which is the arrow the order forbids; a Protocol or plain values of the
+# lower area's own say what it needs instead.
+
+def area_rank(area: str) -> int:
+    """The area's row in AREA_ORDER, counted from the bottom."""
+    return next(len(AREA_ORDER) - row for row, areas in enumerate(AREA_ORDER) if area in areas)
+
+
+def area_order_violations(root: Path) -> list[str]:
+    violations = []
+    for relative in sources(root):
+        if layer_of(relative) != "area":
+            continue
+        mine = relative.parts[1]
+        upward = {name for name in imported(root, relative) if layer_imported(name) == "area"
+                  and (theirs := name.split(".")[1]) != mine and area_rank(theirs) >= area_rank(mine)}
+        below = sorted(area for area in AREA_DATABASES if area_rank(area) < area_rank(mine))
+        violations += [f"{relative}: imports {name}, but the area {mine} imports only areas below it "
+                       f"({', '.join(below) or 'none'})" for name in outermost(upward)]
+    return violations
 
 
 # b. LMDB: storage and each area's schema module.
@@ -507,6 +538,11 @@ def test_imports_run_one_way() -> None:
     assert layer_violations(ROOT) == []
 
 
+def test_areas_import_only_areas_below_them() -> None:
+    assert sorted(area for areas in AREA_ORDER for area in areas) == sorted(AREA_DATABASES)  # each area once
+    assert area_order_violations(ROOT) == []
+
+
 def test_plugins_see_only_the_plugin_api() -> None:
     assert plugin_violations(ROOT) == []
 
@@ -626,12 +662,14 @@ LAWFUL = {
     "sidecar/memory/__init__.py": "",
     "sidecar/memory/schema.py": "import lmdb\n",
     "sidecar/memory/api.py": ("from sidecar.storage.keys import Txn\nfrom sidecar.text import fencing\n"
+                              "from sidecar.tenant_events.log import TenantEventLog\n"
                               "from sidecar.telemetry import metrics\n"
                               "from . import schema\nfrom sidecar.errors import SidecarError\n\n\n"
                               "class Forgotten(SidecarError):\n    code = 'forgotten'\n    status = 'NOT_FOUND'\n\n\n"
                               "def read(store, txn):\n    db = store.handles('memory')\n"
                               "    return txn.get(b'k', db=db['mem_docs']), store.handles('memory')['mem_docs']\n"),
-    "sidecar/transcript/window.py": "def read(self, txn):\n    return txn.get(b'k', db=self._db['windows'])\n",
+    "sidecar/transcript/window.py": ("from ..context_window import sections\n\n\ndef read(self, txn):\n"
+                                     "    return txn.get(b'k', db=self._db['windows'])\n"),
     "fastcore/__init__.py": "from fastcore._fastcore import pack\n",
     "fastcore/_fastcore.pyx": "from libc.stdint cimport uint32_t\nimport cython\n",
     "docs/errors.md": "| code | status |\n|---|---|\n| `internal` | INTERNAL |\n| `not_found` | NOT_FOUND |\n"
@@ -651,8 +689,8 @@ LAWFUL = {
                                  "from sidecar.client import Client\n"),
     "benchmarks/bench_memory.py": "from benchmarks._lib import harness\n",
 }
-RULES = {"layers": layer_violations, "plugins": plugin_violations, "lmdb": lmdb_violations,
-         "databases": database_violations, "error classes": error_class_violations,
+RULES = {"layers": layer_violations, "area order": area_order_violations, "plugins": plugin_violations,
+         "lmdb": lmdb_violations, "databases": database_violations, "error classes": error_class_violations,
          "error table": undocumented_errors, "test layout": mirroring_violations,
          "test imports": shared_helpers_violations, "bench registry": benchmark_registry_violations,
          "bench imports": benchmark_import_violations}
@@ -729,6 +767,20 @@ BREAKS = [
      "sidecar/telemetry/tracing.py: imports grpc, which only sidecar/wire and sidecar/client may import"),
     ("layers", {"sidecar/client/sync.py": "from sidecar.telemetry import metrics\n"},
      "sidecar/client/sync.py: imports sidecar.telemetry, but sidecar/client imports nothing of the sidecar"),
+    # a2. the areas' order
+    ("area order", {"sidecar/context_window/state.py": "from sidecar.transcript.schema import window_at\n"},
+     "sidecar/context_window/state.py: imports sidecar.transcript.schema, but the area context_window imports only "
+     "areas below it (none)"),
+    ("area order", {"sidecar/context_window/profiles.py": "def f():\n    from ..transcript import log\n"},
+     "sidecar/context_window/profiles.py: imports sidecar.transcript, but the area context_window"),
+    ("area order", {"sidecar/tenant_events/log.py": "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n"
+                                                     "    from sidecar.memory.api import Memories\n"},
+     "sidecar/tenant_events/log.py: imports sidecar.memory.api, but the area tenant_events imports only"),
+    ("area order", {"sidecar/memory/index.py": "from sidecar.transcript.runs import Run\n"},
+     "sidecar/memory/index.py: imports sidecar.transcript.runs, but the area memory imports only areas below it "
+     "(context_window, tenant_events)"),
+    ("area order", {"sidecar/context_window/sections.py": "import sidecar.tenant_events.log\n"},
+     "sidecar/context_window/sections.py: imports sidecar.tenant_events.log, but the area context_window"),
     ("plugins", {"tests/plugin/plugin.py": "from sidecar.context_window.policy import HookCall\n"},
      "tests/plugin/plugin.py: imports sidecar.context_window.policy; a plugin may import only sidecar.plugin_api"),
     # b. lmdb
