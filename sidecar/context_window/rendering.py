@@ -40,6 +40,7 @@ import re
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from json.encoder import encode_basestring  # the C encoder: json.dumps(s, ensure_ascii=False) for a str
+from typing import TypeAlias
 
 from sidecar.caching import CacheSpec, cache_of, text_bytes
 
@@ -214,28 +215,30 @@ class _Turn:
     calls: dict[str, list[HistoryItem]]
 
 
-# Histories split into turns, by identity: a turn's request reads its history several times (the
-# cache report's parts, its breakpoints, the body), and a tuple of frozen items cannot change, so
-# the same tuple splits the same. The tuple is kept with its turns, so its id is not reused while
-# it is kept; a few suffice (a request's splits follow one another).
-SPLIT_TURNS = CacheSpec(
-    "split_turns", key="the history tuple's identity (the tuple kept with its turns)",
-    valid="a tuple of frozen items cannot change", max_bytes=1 << 20, max_entries=16)
-_SPLIT_ITEM_BYTES = 120  # a turn's share of the lists and dicts that hold an item
+class History:
+    """A window's entries as items, split into turns once, when first asked, for everything a
+    request renders of them: its cache report's parts, its breakpoints and its body. The
+    renderings take it, or the items alone (then each splits them itself)."""
+
+    __slots__ = ("items", "_turns")
+
+    def __init__(self, items: tuple[HistoryItem, ...]) -> None:
+        self.items = items
+        self._turns: list[_Turn] | None = None
+
+    @property
+    def turns(self) -> list[_Turn]:
+        """Shared by everything that renders the history: read them, never change them."""
+        if self._turns is None:
+            self._turns = _split_turns(self.items)
+        return self._turns
 
 
-def _turns(history: Sequence[HistoryItem]) -> list[_Turn]:
-    """``history`` as alternating turns (see :func:`_split_turns`); the same tuple is split once
-    (:data:`SPLIT_TURNS`). The turns are shared: read them, never change them."""
-    if type(history) is not tuple:
-        return _split_turns(history)
-    cache = cache_of(SPLIT_TURNS)
-    kept = cache.get(id(history))
-    if kept is not None and kept[0] is history:
-        return kept[1]
-    turns = _split_turns(history)
-    cache.put(id(history), (history, turns), _SPLIT_ITEM_BYTES * len(history))
-    return turns
+ItemsOrHistory: TypeAlias = Sequence[HistoryItem] | History  # what a rendering takes
+
+
+def _turns(history: ItemsOrHistory) -> list[_Turn]:
+    return history.turns if isinstance(history, History) else _split_turns(history)
 
 
 def _split_turns(history: Sequence[HistoryItem]) -> list[_Turn]:
@@ -288,7 +291,7 @@ _OPENAI_ASSISTANT = '{"type":"message","role":"assistant","content":'
 _OPENAI_DEVELOPER = '{"type":"message","role":"developer","content":'
 
 
-def openai_responses(static: OpenAIStatic, task_sections: Sequence[TextSection], history: Sequence[HistoryItem],
+def openai_responses(static: OpenAIStatic, task_sections: Sequence[TextSection], history: ItemsOrHistory,
                      prompt_cache_key: str, prompt_cache_retention: str = "") -> str:
     """A Responses API request body: ``instructions`` (the static sections), ``input`` (the
     per-task sections as developer messages, then the history), ``tools``,
@@ -371,7 +374,7 @@ def uncounted(text: str) -> int:
     return 0
 
 
-def openai_parts(history: Sequence[HistoryItem], fixed: Callable[[str], int] = uncounted) -> list[Part]:
+def openai_parts(history: ItemsOrHistory, fixed: Callable[[str], int] = uncounted) -> list[Part]:
     """The history's input items in :func:`openai_responses` order, as parts; ``fixed`` counts
     the rendering's fixed texts (a missing result's)."""
     parts: list[Part] = []
@@ -390,13 +393,13 @@ def openai_parts(history: Sequence[HistoryItem], fixed: Callable[[str], int] = u
     return parts
 
 
-def anthropic_parts(history: Sequence[HistoryItem]) -> list[Part]:
+def anthropic_parts(history: ItemsOrHistory) -> list[Part]:
     """The history's content blocks in :func:`anthropic_messages` order, as parts; a block that
     opens a message has "<" and the role's letter in front of its key (the bytes before it differ)."""
     return anthropic_parts_and_first(history, None)[0]
 
 
-def anthropic_first_block(history: Sequence[HistoryItem], wanted: Callable[[HistoryItem], bool]) -> int:
+def anthropic_first_block(history: ItemsOrHistory, wanted: Callable[[HistoryItem], bool]) -> int:
     """The index, in :func:`anthropic_parts`' order, of the first block holding an item that
     ``wanted`` accepts (a call's result block holds all the call's results); -1 when none does."""
     return anthropic_parts_and_first(history, wanted)[1]
@@ -412,7 +415,7 @@ def _nothing_wanted(item: HistoryItem) -> bool:
     return False
 
 
-def anthropic_parts_and_first(history: Sequence[HistoryItem], wanted: Callable[[HistoryItem], bool] | None,
+def anthropic_parts_and_first(history: ItemsOrHistory, wanted: Callable[[HistoryItem], bool] | None,
                               fixed: Callable[[str], int] = uncounted) -> tuple[list[Part], int]:
     """:func:`anthropic_parts` and :func:`anthropic_first_block` in one pass over the history
     (a turn's request needs both; ``wanted`` None: no block is looked for, the index is -1);
@@ -571,7 +574,7 @@ def _tool_result(call_id: str, results: list[HistoryItem]) -> str:
 
 
 def anthropic_messages(static: AnthropicStatic, task_sections: Sequence[TextSection],
-                       history: Sequence[HistoryItem], rolling: Collection[int] = ()) -> str:
+                       history: ItemsOrHistory, rolling: Collection[int] = ()) -> str:
     """A Messages API request body: ``tools``, ``system`` (the static blocks, the last one a
     cache breakpoint, then the per-task blocks, the last one a breakpoint too) and ``messages``
     (the history, alternating user and assistant, starting with user), with a breakpoint on

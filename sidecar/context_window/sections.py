@@ -38,6 +38,7 @@ from sidecar.context_window.rendering import (
     PER_TURN,
     STATIC,
     AnthropicStatic,
+    History,
     HistoryItem,
     OpenAIStatic,
     Part,
@@ -244,8 +245,8 @@ class HistoryCache:
 
     def items(self, window: FedTranscript, run: tuple, will_be_cleared: WillBeCleared = never_cleared) -> \
             tuple[HistoryItem, ...]:
-        """The window's entries as items: a tuple, which the renderings split into turns once
-        for the whole request (see rendering._turns). ``will_be_cleared`` tells the results a
+        """The window's entries as items (a request splits them into turns once:
+        rendering.History). ``will_be_cleared`` tells the results a
         later clearing will replace (clearing.will_be_cleared: the run's counter and the
         sidecar's settings, the same for all of a run's items)."""
         keys: list[str | tuple] = list(window.event_ids)
@@ -276,11 +277,10 @@ class HistoryCache:
         return tuple(cast("list[HistoryItem]", history))
 
 
-def render(kind: str, plan: Layout, history: Sequence[HistoryItem], cache: dict,
-           prompt_cache_retention: str = "") -> str:
-    """The provider request body for the window (JSON); ``history`` is its entries as items,
-    ``cache`` the request's cache state (:func:`cache_state`: where Anthropic's rolling
-    breakpoints go)."""
+def render(kind: str, plan: Layout, history: History, cache: dict, prompt_cache_retention: str = "") -> str:
+    """The provider request body for the window (JSON); ``history`` is its entries (split into
+    turns already, when :func:`cache_state` computed the request's parts), ``cache`` the
+    request's cache state (:func:`cache_state`: where Anthropic's rolling breakpoints go)."""
     task_sections = [TextSection(s.name, s.stability, s.text) for s in plan.sections if s.stability != STATIC]
     if kind == "openai_responses":
         return openai_responses(plan.openai, task_sections, history, plan.task_id, prompt_cache_retention)
@@ -301,7 +301,7 @@ class CacheReport:
     request_tokens: int = 0  # the whole request's, counted alike (0: a report persisted before it was)
 
 
-def request_parts(form: str, plan: Layout, history: Sequence[HistoryItem],
+def request_parts(form: str, plan: Layout, history: History,
                   count: Callable[[str], int] = uncounted) -> tuple[list[Part], int, int]:
     """The request as parts (see sidecar.context_window.rendering), the index of its first history part, and
     for Anthropic the history block of the first tool result a clearing will replace (-1: none, or
@@ -327,7 +327,7 @@ def request_parts(form: str, plan: Layout, history: Sequence[HistoryItem],
         history_parts, clearable = anthropic_parts_and_first(history, _clearable, count)
         parts += history_parts
     else:
-        parts += [(item.key, item.tokens) for item in history]
+        parts += [(item.key, item.tokens) for item in history.items]
     return parts, start, clearable
 
 
@@ -356,7 +356,7 @@ def _as_provider_counts(form: str, plan: Layout, tokens: list[int], upto: int) -
     return texts + FRAMING_TOKENS * (_static_blocks(form, plan) + upto - 1)
 
 
-def cache_state(form: str, plan: Layout, window: FedTranscript, history: Sequence[HistoryItem],
+def cache_state(form: str, plan: Layout, window: FedTranscript, history: History,
                 changed: tuple[str, ...], previous: dict | None, count: Callable[[str], int] = uncounted,
                 cold: bool = False) -> dict:
     """This request's cache state, to persist with its window (what the next turn compares
@@ -369,7 +369,8 @@ def cache_state(form: str, plan: Layout, window: FedTranscript, history: Sequenc
     keys, tokens = (list(column) for column in zip(*parts))  # a request has its prefix part at least
     fed = window.summaries_fed
     first = window.event_ids[fed] if len(window.event_ids) > fed else ""
-    altered = sum(1 for position in window.clips if history[position].role == "tool")
+    items = history.items
+    altered = sum(1 for position in window.clips if items[position].role == "tool")
     at = 0
     if previous is not None and previous["form"] == form and not cold:
         before = previous["keys"]

@@ -47,6 +47,7 @@ from sidecar.transcript.runs import SIDECAR_ID_PREFIX, Deps
 from sidecar.transcript.schema import (
     FedForm,
     LogChunks,
+    WindowRecord,
     copy_form,
     count_at,
     count_columns,
@@ -58,7 +59,6 @@ from sidecar.transcript.schema import (
     read_counts,
     read_event,
     tokens_at,
-    window_at,
 )
 from sidecar.transcript.summaries import append_compaction, in_force, kept_turns
 from sidecar.transcript.window import clip_frame
@@ -114,7 +114,7 @@ def _never(tool_name: str, call_id: str, text: str, original_tokens: int, fed_to
 
 
 def before_plan(deps: Deps, settings: ClearingSettings, writer: LogWriter, iteration: int, budget: int,
-                run_budget: int, decide: bool = True, cold: bool = False) -> bool:
+                run_budget: int, last_fed: WindowRecord | None, decide: bool = True, cold: bool = False) -> bool:
     """At an assembly of ``iteration``, before its window is chosen (``writer`` flushed): keep the
     clips of the last window fed (within half of ``run_budget``, the run's: a call's tighter
     ``max_transcript_tokens`` changes its own window alone, not what later turns are fed), then
@@ -122,22 +122,25 @@ def before_plan(deps: Deps, settings: ClearingSettings, writer: LogWriter, itera
     (unless not ``decide``: a replay fork clears where its source did, ``clear_as_recorded``).
     ``cold``: the provider's cache is, at this first assembly of the iteration: the trigger is
     then the run's trim_to_fraction if lower, and any step is big enough (nothing cached is
-    lost). True when the log changed (the caller flushes the writer)."""
+    lost). ``last_fed``: the window persisted for the run's last assembly when that is
+    ``iteration`` or the one before it (None: none, or an older iteration is assembled). True
+    when the log changed (the caller flushes the writer)."""
     run = writer.run
     if run.settings.token_counter == "host-defined":
         return False  # host-defined text cannot be counted: a placeholder's count would be a guess
-    changed = _keep_clips(deps, writer, iteration, run_budget)
+    changed = _keep_clips(deps, writer, iteration, run_budget, last_fed)
     if changed:
         writer.flush()  # the clearing reads the counts as they now stand
     # Only at the log's newest iteration: an older one (assembled again, or before events the
     # host appended already) is chosen from the log as it stands, and a clearing's entry must
     # not come after events of a later iteration than its own.
     if decide and settings.enabled and iteration >= max(run.last_assembled, run.last_iteration):
-        changed = _clear(deps, settings, writer, iteration, budget, cold and iteration > run.last_assembled) or changed
+        changed = _clear(deps, settings, writer, iteration, budget, cold and iteration > run.last_assembled,
+                         last_fed) or changed
     return changed
 
 
-def _keep_clips(deps: Deps, writer: LogWriter, iteration: int, budget: int) -> bool:
+def _keep_clips(deps: Deps, writer: LogWriter, iteration: int, budget: int, last: WindowRecord | None) -> bool:
     """The events the last window fed clipped are fed clipped from now on, at most half the
     run's ``budget`` each: clipped in its own turn to all the room the turn left, a result could never
     sit beside the next turn, and the window would drop it and all before it (measured at an
@@ -145,7 +148,6 @@ def _keep_clips(deps: Deps, writer: LogWriter, iteration: int, budget: int) -> b
     txn, db, key, run = writer.txn, writer.db, writer.key, writer.run
     if iteration <= run.last_assembled or not run.last_assembled:
         return False
-    last = window_at(txn, db, key, run.last_assembled, shared=True)
     clipped = last.clipped if last is not None else ()
     if not clipped:
         return False
@@ -163,12 +165,11 @@ def _keep_clips(deps: Deps, writer: LogWriter, iteration: int, budget: int) -> b
 
 
 def _clear(deps: Deps, settings: ClearingSettings, writer: LogWriter, iteration: int, budget: int,
-           cold: bool) -> bool:
+           cold: bool, last: WindowRecord | None) -> bool:
     txn, db, key, run = writer.txn, writer.db, writer.key, writer.run
     end = prefix_end(txn, db, key, run, iteration)
     top = in_force(txn, db, key, run, iteration) if run.summaries else None
     start = top.to_seq if top else 0
-    last = window_at(txn, db, key, run.last_assembled, shared=True) if run.last_assembled else None
     if last is not None:
         # What would be fed if the window's start stayed where it was last fed: only results
         # there cost anything, so only they are worth clearing.

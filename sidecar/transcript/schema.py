@@ -531,36 +531,10 @@ class WindowRecord:
             value.get("context"), value.get("window_tokens"))
 
 
-# Persisted window records, parsed, by their bytes: an assembly reads the previous window's record
-# at four stages (kept clips, clearing, the window's start, the cache report), and a turn parses
-# the record it persisted while its commit syncs, for the run's next turn. A parse is a pure
-# function of the bytes, frozen, and its lists and ``context`` are never changed once parsed.
-PARSED_WINDOWS = CacheSpec(
-    "parsed_windows", key="a window record's bytes", valid="a parse is a pure function of the bytes",
-    max_bytes=8 << 20)
-
-
-def _shared_window(stored: bytes) -> WindowRecord:
-    """A persisted window record, parsed once for equal bytes (:data:`PARSED_WINDOWS`). Keyed by
-    the bytes themselves, it may keep a record a refused turn parsed and never wrote: only the
-    same bytes find it."""
-    parsed = cache_of(PARSED_WINDOWS)
-    record = parsed.get(stored)
-    if record is None:
-        record = WindowRecord.parse(stored)
-        parsed.put(stored, record, 4 * len(stored))  # kept as its key, and parsed (about three times its JSON)
-    return record
-
-
-def window_at(txn: Txn, db: dict, key: bytes, iteration: int, shared: bool = False) -> WindowRecord | None:
-    """The window persisted for ``iteration``; None when it was never assembled. ``shared``: a
-    window the next turn reads again, as the previous one (see :func:`_shared_window`); the
-    window of the iteration being assembled is parsed on its own, and keeps the previous one's
-    parse where it is."""
+def window_at(txn: Txn, db: dict, key: bytes, iteration: int) -> WindowRecord | None:
+    """The window persisted for ``iteration``; None when it was never assembled."""
     stored = _get(txn, db["windows"], numbered_key(key, iteration))
-    if stored is None:
-        return None
-    return _shared_window(stored) if shared else WindowRecord.parse(stored)
+    return None if stored is None else WindowRecord.parse(stored)
 
 
 def window_bytes(txn: Txn, db: dict, key: bytes, iteration: int) -> bytes | None:
@@ -572,7 +546,7 @@ def previous_window(txn: Txn, db: dict, key: bytes, iteration: int) -> WindowRec
     """The newest window persisted for an iteration before ``iteration`` (so re-assembling an
     old iteration, or a replay fork's, finds the same one); None when there is none."""
     stored = previous_window_bytes(txn, db, key, iteration)
-    return None if stored is None else _shared_window(stored)
+    return None if stored is None else WindowRecord.parse(stored)
 
 
 def previous_window_bytes(txn: Txn, db: dict, key: bytes, iteration: int) -> bytes | None:
@@ -587,17 +561,8 @@ def previous_window_bytes(txn: Txn, db: dict, key: bytes, iteration: int) -> byt
     return cursor.value()
 
 
-def put_window(txn: Txn, db: dict, key: bytes, iteration: int, record: WindowRecord) -> bytes:
-    """Persist ``record``; its bytes as stored."""
-    stored = record.encode()
-    txn.put(numbered_key(key, iteration), stored, db=db["windows"])
-    return stored
-
-
-def remember_window(stored: bytes) -> None:
-    """Parse a window record just persisted, for the run's next turn, which reads it as the
-    previous window (:func:`_shared_window`): a turn does this while its commit syncs."""
-    _shared_window(stored)
+def put_window(txn: Txn, db: dict, key: bytes, iteration: int, record: WindowRecord) -> None:
+    txn.put(numbered_key(key, iteration), record.encode(), db=db["windows"])
 
 
 # -- summaries and their artifacts ------------------------------------------------------------

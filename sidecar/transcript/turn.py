@@ -20,7 +20,7 @@ from typing import TypeVar
 from sidecar.context_window import sections
 from sidecar.context_window.policy import HistoryEvent, SummariseInput, SummariseResult, TriggerInput
 from sidecar.context_window.profiles import HISTORY
-from sidecar.context_window.rendering import HistoryItem, uncounted
+from sidecar.context_window.rendering import History, uncounted
 from sidecar.context_window.sections import CacheReport, FedTranscript, HistoryCache, Layout, Section
 from sidecar.errors import Deadline, NotFound, PluginFailed, SidecarError
 from sidecar.settings import ClearingSettings, RenderSettings
@@ -48,7 +48,6 @@ from sidecar.transcript.schema import (
     previous_window_bytes,
     put_window,
     read_records,
-    remember_window,
     window_at,
     window_bytes,
 )
@@ -117,9 +116,9 @@ class Fed:
 
     layout: Layout
     window: TranscriptWindow
-    history: tuple[HistoryItem, ...]  # the window's entries as items (the cache state was computed from them)
+    transcript: FedTranscript  # the window, as the sections read it
+    history: History  # the window's entries as items (the cache state was computed from them)
     cache: dict  # the request's cache state, in the form asked for
-    persisted: bytes | None = None  # the window record this turn persisted, as stored
 
 
 class Turn:
@@ -159,20 +158,23 @@ class Turn:
             if kept is not None and kept.budget == budget and kept.version == version and \
                     (settled or (kept.run == run_stored and kept.before == before)):
                 return self._given(kept.answer)
+            if settled:  # not needed to check a kept answer, but the answer's cache state reads it
+                before = previous_window_bytes(txn, self._db, self.key, self.iteration)
+            previous = None if before is None else WindowRecord.parse(before)
             record = WindowRecord.parse(stored)
             if record.budget != budget:
                 settled = False
             if not settled and not _unchanged(plan(self._deps, txn, self.key, run, self.iteration, tighter,
-                                                   _fed_cold(record))[0], record, run):
+                                                   _fed_cold(record), previous)[0], record, run):
                 return None
-            answer = self._answer(self._as_fed(txn, run, layout, record))
+            answer = self._answer(self._as_fed(txn, run, layout, record, previous))
         cache = record.cache
         if kept_answers is not None and cache is not None and cache["form"] == self.render and \
                 record.budget == budget:
             kept_answers.keep(memo_key, Kept(stored, run.incarnation, layout, record.budget, answer,
                                              len(stored) + 2 * sum(map(len, answer.window.records))
-                                             + len(answer.rendered), None if settled else run_stored, before,
-                                             version))
+                                             + len(answer.rendered), None if settled else run_stored,
+                                             None if settled else before, version))
         return answer
 
     def assemble(self, events: Sequence[NewEvent], append: Callable[[LogWriter], list[AppendResult]],
@@ -183,10 +185,7 @@ class Turn:
         transaction chose, never from the store."""
         def answer(written: tuple[Fed, list[AppendResult]]) -> R:
             fed, appended = written
-            answered = respond(self._answer(fed), appended)
-            if fed.persisted is not None:  # the next turn's previous window, parsed already
-                remember_window(fed.persisted)
-            return answered
+            return respond(self._answer(fed), appended)
 
         return self._services.store.write(lambda txn: self._write(txn, events, append, deadline), then=answer)
 
@@ -206,26 +205,33 @@ class Turn:
         writer.flush()
         layout = self._services.contexts.layout(txn, self.key, run, self.run_id)
         limit = _tighter(self.max_transcript_tokens, layout)
-        cold = self._cold(txn, run)
-        refed, replayed = self._refeed(writer, limit, _tighter(None, layout), replayed, cold)
-        chosen, top = plan(self._deps, txn, self.key, run, self.iteration, limit, cold)
+        # The windows the turn reads, each read once and given to every stage that reads it:
+        # the iteration's own (assembled before) and the one before it (the cache report's base).
         record = window_at(txn, self._db, self.key, self.iteration)
+        previous = previous_window(txn, self._db, self.key, self.iteration)
+        cold = self._cold(run, record)
+        # The clearing keeps the clips of the run's last window fed, and clears from its start.
+        last_fed = record if self.iteration == run.last_assembled else \
+            previous if self.iteration > run.last_assembled else None
+        refed, replayed = self._refeed(writer, limit, _tighter(None, layout), replayed, cold, last_fed)
+        chosen, top = plan(self._deps, txn, self.key, run, self.iteration, limit, cold, previous)
         if record is not None and not refed and _unchanged(chosen, record, run):
-            return self._as_fed(txn, run, layout, record), appended
+            return self._as_fed(txn, run, layout, record, previous), appended
         due = None
         if run.settings.summarization:
-            chosen, top, due = self._decide_compaction(writer, layout, chosen, top, limit, replayed, cold)
-        return self._persist(txn, run, layout, chosen, top, due, cold), appended
+            chosen, top, due = self._decide_compaction(writer, layout, chosen, top, limit, replayed, cold, previous)
+        return self._persist(txn, run, layout, chosen, top, due, cold, previous), appended
 
-    def _cold(self, txn: Txn, run: Run) -> bool:
+    def _cold(self, run: Run, record: WindowRecord | None) -> bool:
         """Whether the provider's cache is cold for this turn's request: more than the form's
         ``[render]`` TTL passed since the run's previous turn, so the request re-bills its whole
         prefix whatever it holds, and every big step the budget would soon force is taken now.
         Decided once, at the iteration's first assembly, and kept with its window; a replay fork
         takes its source's decision at each iteration its source assembled (its own clock would
-        feed other windows). The plain form names no provider: never."""
+        feed other windows). The plain form names no provider: never. ``record``: the iteration's
+        window, when it was assembled before."""
         if self.iteration <= run.last_assembled:
-            return _fed_cold(window_at(txn, self._db, self.key, self.iteration))
+            return _fed_cold(record)
         if self.iteration <= run.source_assembled:
             return self.iteration in run.source_cold
         render = self._services.render
@@ -236,11 +242,13 @@ class Turn:
     def _now_ms(self) -> int:
         return int(self._services.clock() * 1000)
 
-    def _refeed(self, writer: LogWriter, limit: int, room: int, replayed: bool, cold: bool) -> tuple[bool, bool]:
+    def _refeed(self, writer: LogWriter, limit: int, room: int, replayed: bool, cold: bool,
+                last_fed: WindowRecord | None) -> tuple[bool, bool]:
         """Tool results cleared (and earlier clips kept) before the window is chosen, so the
         choice weighs what is fed; a replay fork then reaches the source's summaries after them.
-        ``limit``: the call's transcript budget; ``room``: the run's, without the call's own cap.
-        Whether the log changed, and whether a source's summary was recorded again."""
+        ``limit``: the call's transcript budget; ``room``: the run's, without the call's own cap;
+        ``last_fed``: the window of the run's last assembly, when it is this iteration's or the
+        one before. Whether the log changed, and whether a source's summary was recorded again."""
         run = writer.run
         # A replay fork clears where its source did, whatever this sidecar's settings say: a
         # clearing decided anew would part its log from the source's, and the source's summaries
@@ -248,7 +256,7 @@ class Turn:
         log_end = run.next_seq
         refed = clearing.before_plan(self._deps, self._services.clearing, writer, self.iteration,
                                      effective_budget(self._deps, run, limit), effective_budget(self._deps, run, room),
-                                     decide=forks.decides_clearings(writer), cold=cold)
+                                     decide=forks.decides_clearings(writer), cold=cold, last_fed=last_fed)
         if run.replay_pending:
             forks.after_own_entries(writer, log_end)
             log_end = run.next_seq
@@ -259,11 +267,12 @@ class Turn:
         return refed, replayed
 
     def _decide_compaction(self, writer: LogWriter, layout: Layout, chosen: Plan, top: Summary | None, limit: int,
-                           replayed: bool, cold: bool) -> tuple[Plan, Summary | None, Compaction]:
+                           replayed: bool, cold: bool, previous: WindowRecord | None) -> \
+            tuple[Plan, Summary | None, Compaction]:
         """The compaction signal; when the sidecar summarises itself, its summary recorded and the
         window chosen again over it (the plan, the summary in force and the signal then)."""
         txn, run = writer.txn, writer.run
-        due, choice = self._compaction(txn, run, chosen, top, layout, cold=cold)
+        due, choice = self._compaction(txn, run, chosen, top, layout, previous, cold=cold)
         text, by = self._own_summary(txn, run, replayed, due, choice, chosen)
         if not text:
             return chosen, top, due
@@ -275,12 +284,12 @@ class Turn:
             raise PluginFailed(f"plugin {self._services.contexts.policy.name!r}: compaction.summarise gave a "
                                f"summary RecordSummary refuses: {error.message}") from None
         writer.flush()
-        chosen, top = plan(self._deps, txn, self.key, run, self.iteration, limit, cold)
-        due, _ = self._compaction(txn, run, chosen, top, layout, summarise=False)
+        chosen, top = plan(self._deps, txn, self.key, run, self.iteration, limit, cold, previous)
+        due, _ = self._compaction(txn, run, chosen, top, layout, previous, summarise=False)
         return chosen, top, due
 
     def _persist(self, txn: Txn, run: Run, layout: Layout, chosen: Plan, top: Summary | None,
-                 due: Compaction | None, cold: bool) -> Fed:
+                 due: Compaction | None, cold: bool, previous: WindowRecord | None) -> Fed:
         """Persist the window chosen, with the sections' accounting and the request's cache state."""
         changed = sections.prefix_changed(layout, run.fed_prefix)
         fed_before = run.fed_prefix
@@ -293,61 +302,63 @@ class Turn:
         record = window_record(self._deps, txn, self.key, run, chosen, top, due, context)
         window = from_record(self._deps, txn, self.key, self.run_id, self.iteration, record,
                              reads=(self._services.reads, run.incarnation))
-        history = self._history(window, run)
+        transcript = _fed_transcript(window)
+        history = self._history(transcript, run)
         # What the next turn compares with is persisted with the window, in its context (the
         # record's and the window's): each part's key, not its text. The record is
         # written once, with it; and the run record once, if either of its fields moved.
-        cache = context["cache"] = self._cache_state(txn, layout, window, history)
-        stored = put_window(txn, self._db, self.key, self.iteration, record)
+        cache = context["cache"] = self._cache_state(layout, window, transcript, history, previous)
+        put_window(txn, self._db, self.key, self.iteration, record)
         newest = self.iteration > run.last_assembled
         if newest:
             run.last_assembled = self.iteration
             run.last_turn_ms = self._now_ms()
         if newest or run.fed_prefix != fed_before:
             save_run(txn, self._db, self.key, run)
-        return Fed(layout, window, history, cache, stored)
+        return Fed(layout, window, transcript, history, cache)
 
-    def _as_fed(self, txn: Txn, run: Run, layout: Layout, record: WindowRecord) -> Fed:
-        """The window persisted for the iteration, fed again as it was."""
+    def _as_fed(self, txn: Txn, run: Run, layout: Layout, record: WindowRecord, previous: WindowRecord | None) -> Fed:
+        """The window persisted for the iteration, fed again as it was (``previous``: the window
+        persisted before it)."""
         window = from_record(self._deps, txn, self.key, self.run_id, self.iteration, record,
                              reads=(self._services.reads, run.incarnation))
-        history = self._history(window, run)
-        return Fed(layout, window, history, self._cache_of(txn, layout, window, history))
+        transcript = _fed_transcript(window)
+        history = self._history(transcript, run)
+        return Fed(layout, window, transcript, history,
+                   self._cache_of(layout, window, transcript, history, previous))
 
-    def _history(self, window: TranscriptWindow, run: Run) -> tuple[HistoryItem, ...]:
+    def _history(self, transcript: FedTranscript, run: Run) -> History:
         """The window's entries as the renderings take them (kept across turns by the services)."""
-        return self._services.history.items(_fed_transcript(window), (self.key, run.incarnation),
-                                            clearing.will_be_cleared(self._services.clearing,
-                                                                     run.settings.token_counter, self._deps.counters))
+        return History(self._services.history.items(transcript, (self.key, run.incarnation), clearing.will_be_cleared(
+            self._services.clearing, run.settings.token_counter, self._deps.counters)))
 
     # -- the cache report ---------------------------------------------------------------------
 
-    def _cache_state(self, txn: Txn, layout: Layout, window: TranscriptWindow,
-                     history: tuple[HistoryItem, ...]) -> dict:
+    def _cache_state(self, layout: Layout, window: TranscriptWindow, transcript: FedTranscript, history: History,
+                     previous: WindowRecord | None) -> dict:
         """The request's cache state in the form ``render``, against the previous assembly's
-        (the window persisted for the newest earlier iteration; none: a first turn)."""
-        previous = previous_window(txn, self._db, self.key, self.iteration)
+        (``previous``: the window persisted for the newest earlier iteration; none: a first turn)."""
         counter = window.token_counter
         context = window.context or {}
-        return sections.cache_state(self.render, layout, _fed_transcript(window), history,
-                                    tuple(context.get("changed", ())),
+        return sections.cache_state(self.render, layout, transcript, history, tuple(context.get("changed", ())),
                                     previous.cache if previous else None,
                                     self._deps.counters.get(counter).count if counter != "host-defined" else uncounted,
                                     bool(context.get("cold")))
 
-    def _cache_of(self, txn: Txn, layout: Layout, window: TranscriptWindow,
-                  history: tuple[HistoryItem, ...]) -> dict:
+    def _cache_of(self, layout: Layout, window: TranscriptWindow, transcript: FedTranscript, history: History,
+                  previous: WindowRecord | None) -> dict:
         """A persisted window's cache state: as persisted when of the form ``render``, else
         computed for that form (and not persisted: the window's first form stays the record's)."""
         stored = (window.context or {}).get("cache")
         if stored is not None and stored["form"] == self.render:
             return stored
-        return self._cache_state(txn, layout, window, history)
+        return self._cache_state(layout, window, transcript, history, previous)
 
     # -- compaction ---------------------------------------------------------------------------
 
     def _compaction(self, txn: Txn, run: Run, chosen: Plan, top: Summary | None, layout: Layout,
-                    summarise: bool = True, cold: bool = False) -> tuple[Compaction, SummariseResult | None]:
+                    previous: WindowRecord | None, summarise: bool = True,
+                    cold: bool = False) -> tuple[Compaction, SummariseResult | None]:
         """The policy's decision: whether compaction is due (trigger), and what to summarise.
         ``cold``: the provider's cache is; a summary the sidecar records itself at this assembly
         is fed in this request, so its trigger is then the run's trim_to_fraction if lower (a
@@ -368,10 +379,10 @@ class Turn:
             # Asking every turn could not help (nothing may be summarised, or what may not alone passes
             # the trigger, so no summary brings the transcript under it): say why once (until another
             # summary is recorded).
-            return self._said_once(txn, top, lambda: _nothing_to_summarise(found, run, chosen.budget, fraction)), None
+            return _said_once(previous, top, lambda: _nothing_to_summarise(found, run, chosen.budget, fraction)), None
         if not fed_next(self._deps, txn, self.key, run, self.iteration, chosen, top, found):
             # A summary the next window would not feed is a model call paid for nothing.
-            return self._said_once(txn, top, lambda: _not_fed(found, run, chosen)), None
+            return _said_once(previous, top, lambda: _not_fed(found, run, chosen)), None
         if not summarise:
             return Compaction(True, found.ids, found.tokens_before), None
         choice = policy.summarise(SummariseInput(
@@ -381,13 +392,6 @@ class Turn:
             return Compaction(True, found.ids, found.tokens_before), choice
         return Compaction(True, choice.replace_ids, tokens_of(self._deps, txn, self.key, top, choice.replace_ids)), \
             choice
-
-    def _said_once(self, txn: Txn, top: Summary | None, reason: Callable[[], str]) -> Compaction:
-        """Not due, and why, said on the first such turn under the summary in force only."""
-        under = top.index if top else -1
-        previous = previous_window(txn, self._db, self.key, self.iteration)
-        said = previous is not None and previous.compaction is not None and previous.compaction.said_under == under
-        return Compaction(False, reason="" if said else reason(), said_under=under)
 
     def _summarisable(self, txn: Txn, found: Candidates) -> tuple[HistoryEvent, ...]:
         events = (decode_event(record) for record in read_records(txn, self._db, self.key, found.floor, found.protect))
@@ -428,6 +432,14 @@ class Turn:
         metrics.turn_fed(window.token_count, window.token_budget, assembled.window_tokens, cache.stable_prefix_tokens,
                          cache.request_tokens or assembled.window_tokens, cache.break_reason)
         return assembled
+
+
+def _said_once(previous: WindowRecord | None, top: Summary | None, reason: Callable[[], str]) -> Compaction:
+    """Not due, and why, said on the first such turn under the summary in force only (not said
+    at the ``previous`` window under the same summary)."""
+    under = top.index if top else -1
+    said = previous is not None and previous.compaction is not None and previous.compaction.said_under == under
+    return Compaction(False, reason="" if said else reason(), said_under=under)
 
 
 def _fed_transcript(window: TranscriptWindow) -> FedTranscript:
@@ -479,7 +491,7 @@ def _assembled(fed: Fed, render: str, rendered: str) -> AssembledContext:
     layout, window, cache = fed.layout, fed.window, fed.cache
     context = window.context or {}
     return AssembledContext(
-        window, tuple(sections.sections(layout, _fed_transcript(window), fed.history, with_text=not render)),
+        window, tuple(sections.sections(layout, fed.transcript, fed.history.items, with_text=not render)),
         context.get("prefix", ""),
         tuple(context.get("changed", ())), window.window_tokens, layout.profile.tools_tokens,
         context.get("limit", layout.turn_limit), context.get("task_id", layout.task_id),

@@ -35,7 +35,6 @@ from sidecar.transcript.schema import (
     leave_out,
     log_entries_in,
     pack_count,
-    previous_window,
     read_counts,
     read_ids,
     read_records,
@@ -142,17 +141,18 @@ def effective_budget(deps: Deps, run: Run, max_transcript_tokens: int | None) ->
                max_transcript_tokens or MAX_COUNT)
 
 
-def plan(deps: Deps, txn: Txn, key: bytes, run: Run, iteration: int,
-         max_transcript_tokens: int | None, cold: bool = False) -> tuple[Plan, Summary | None]:
+def plan(deps: Deps, txn: Txn, key: bytes, run: Run, iteration: int, max_transcript_tokens: int | None, cold: bool,
+         previous: WindowRecord | None) -> tuple[Plan, Summary | None]:
     """Choose the window for ``iteration``: read the tail's count chunks (doubling the history
     read while the answer reaches further back, never below the summarised floor). ``cold``: the
-    provider's cache is (a cache-stable window moves its start now if the budget would soon)."""
+    provider's cache is (a cache-stable window moves its start now if the budget would soon);
+    ``previous``: the window persisted before ``iteration`` (schema.previous_window)."""
     with phase("select"):
-        return _plan(deps, txn, key, run, iteration, max_transcript_tokens, cold)
+        return _plan(deps, txn, key, run, iteration, max_transcript_tokens, cold, previous)
 
 
 def _plan(deps: Deps, txn: Txn, key: bytes, run: Run, iteration: int,
-          max_transcript_tokens: int | None, cold: bool) -> tuple[Plan, Summary | None]:
+          max_transcript_tokens: int | None, cold: bool, previous: WindowRecord | None) -> tuple[Plan, Summary | None]:
     settings = run.settings
     budget = effective_budget(deps, run, max_transcript_tokens)
     end = prefix_end(txn, deps.db, key, run, iteration)
@@ -162,7 +162,7 @@ def _plan(deps: Deps, txn: Txn, key: bytes, run: Run, iteration: int,
     tail = CountTail(txn, deps.db, key, floor, end)
     stable = settings.window_policy == "cache_stable"
     if stable:
-        previous_start, previous_prefix_in, previous_top = previous_window_start(txn, deps.db, key, iteration)
+        previous_start, previous_prefix_in, previous_top = previous_window_start(previous)
         if top is not None and top.index != previous_top and previous_start <= floor:
             previous_start = -1  # a summary recorded since, of all before the window: it is fed
         if floor < previous_start < end:
@@ -308,11 +308,10 @@ def fed_next(deps: Deps, txn: Txn, key: bytes, run: Run, iteration: int, chosen:
     return next_window is not None and next_window[3] < 0 and next_window[4] > 0
 
 
-def previous_window_start(txn: Txn, db: dict, key: bytes, iteration: int) -> tuple[int, int, int]:
-    """Where the run's window before ``iteration`` started: its first event's seq, how many
+def previous_window_start(record: WindowRecord | None) -> tuple[int, int, int]:
+    """Where the run's previous window (``record``) started: its first event's seq, how many
     summaries came before it, and the summary in force then (-1: none); (-1, 0, -1) when there is
     none. A cache-stable window keeps that start while everything fits."""
-    record = previous_window(txn, db, key, iteration)
     if record is None:
         return -1, 0, -1
     return record.start, len(record.summaries), record.plan[5]
