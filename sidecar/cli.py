@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import re
 import shutil
@@ -33,6 +34,9 @@ def _parser() -> argparse.ArgumentParser:
         prog="context-sidecar",
         description="A gRPC sidecar that counts tokens and assembles each agent turn's context "
                     "under a token budget, over an embedded LMDB store.")
+    # The installed distribution's own version: pyproject.toml is the only place it is written.
+    parser.add_argument("--version", action="version",
+                        version=f"%(prog)s {importlib.metadata.version('context-sidecar')}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     serve = commands.add_parser(
         "serve", help="run the sidecar until SIGTERM",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import importlib.metadata
 import os
 import shutil
 import signal
@@ -34,6 +35,14 @@ def test_help_explains_every_flag(tmp_path: Path) -> None:
 def test_the_console_script_is_installed() -> None:
     script = Path(sys.executable).parent / "context-sidecar"
     assert subprocess.run([str(script), "--help"], capture_output=True, timeout=60).returncode == 0
+
+
+def test_version_is_the_installed_distributions(tmp_path: Path) -> None:
+    expected = f"context-sidecar {importlib.metadata.version('context-sidecar')}\n"
+    script = Path(sys.executable).parent / "context-sidecar"
+    for command in ([str(script), "--version"], [sys.executable, "-m", "sidecar", "--version"]):
+        result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert (result.returncode, result.stdout, result.stderr) == (0, expected, "")
 
 
 @pytest.mark.parametrize("args, message", [
