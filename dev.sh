@@ -11,15 +11,48 @@ cd "$(dirname "$0")"
 
 VENV=.venv
 
+say() { echo "dev.sh: $*" >&2; }
+
+# What the venv was built from, as one hash: setup_python redoes a step only when its inputs changed.
+inputs_hash() {
+  { "$VENV/bin/python" -c 'import sys; print(sys.version)'; cat "$@"; } | sha256sum | cut -d' ' -f1
+}
+
 setup_python() {
+  local extras=${1:-} stamps="$VENV/.dev-stamps"
   if [ ! -x "$VENV/bin/python" ]; then
     python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
       || { echo "dev.sh: Python 3.11 or newer is needed as python3" >&2; exit 1; }
+    say "creating $VENV ($(python3 --version))"
     python3 -m venv "$VENV"
   fi
-  # Editable install: compiles fastcore/_fastcore.pyx with Cython in place.
-  # Extras: test by default; the benchmarks also install bench (matplotlib, for their plots).
-  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[${1:-test}]"
+  mkdir -p "$stamps"
+  # The dependencies (serving's, plus the extras asked for) come from pyproject.toml alone.
+  local deps_hash deps_stamp
+  deps_hash=$(inputs_hash pyproject.toml)
+  deps_stamp="$stamps/deps-${extras:-serve}"
+  # Serving's own dependencies also came with any extras' install from the same pyproject.toml.
+  local done_stamps=("$deps_stamp")
+  [ -n "$extras" ] || done_stamps=("$stamps"/deps-*)
+  if ! grep -qsx "$deps_hash" "${done_stamps[@]}"; then
+    say "installing the dependencies${extras:+ with the extras $extras} (pip; a minute the first time)"
+    "$VENV/bin/python" - "$extras" >"$stamps/requirements.txt" <<'PY'
+import sys, tomllib
+project = tomllib.load(open("pyproject.toml", "rb"))["project"]
+extras = [name for name in sys.argv[1].split(",") if name]
+print("\n".join(project["dependencies"] + [dep for name in extras for dep in project["optional-dependencies"][name]]))
+PY
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r "$stamps/requirements.txt"
+    echo "$deps_hash" >"$deps_stamp"
+  fi
+  # The package itself, editable: compiles fastcore/*.pyx with Cython in place (fastcore/*.so).
+  local build_hash
+  build_hash=$(inputs_hash pyproject.toml setup.py fastcore/*.pyx)
+  if [ "$(cat "$stamps/build" 2>/dev/null)" != "$build_hash" ] || ! compgen -G "fastcore/_fastcore*.so" >/dev/null; then
+    say "compiling the Cython core (fastcore/*.pyx) and installing the package editable"
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps -e .
+    echo "$build_hash" >"$stamps/build"
+  fi
 }
 
 setup_go() {
@@ -41,12 +74,13 @@ command=${1:-}
 [ $# -gt 0 ] && shift
 case "$command" in
   setup)
-    setup_python ;;
+    setup_python test ;;
   serve)
     setup_python
+    say "starting the sidecar (context-sidecar serve${*:+ $*})"
     exec "$VENV/bin/context-sidecar" serve "$@" ;;
   test)
-    setup_python
+    setup_python test
     setup_node
     setup_go
     setup_java
