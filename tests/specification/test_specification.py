@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -73,31 +74,42 @@ def test_lmdb_alone(counters: Counters) -> None:
     run_for(machine, EXAMPLES)
 
 
+# A turn with nothing in it but the host's user message, for the fixed sequences below.
+QUIET = {"seed": 0, "user_words": 0, "untrusted": False, "calls": [], "cross_turn": False, "reply_words": 0,
+         "via_append": False, "render": "", "max_tokens": None}
+
+
+@contextmanager
+def fixed_sequence(counters: Counters, name: str, config: Config) -> Iterator[SpecificationMachine]:
+    """The machine started on ``config``, for a test that calls its steps itself (the same steps
+    and checks the random runs take), torn down however the steps end."""
+    machine = type(name, (SpecificationMachine,), {"counters": counters, "shared_urls": None, "steps": 0,
+                                                   "summaries_asked": 0, "summaries_fed": 0})
+    state = machine()
+    try:
+        state.start(config=config)
+        yield state
+    finally:
+        state.teardown()
+
+
 def test_a_host_summary_asked_for_is_fed(counters: Counters) -> None:
     """CI's random examples are too short to reach compaction (25 steps, budgets up to 12,000):
     this fixed sequence of steps, through the same machine and checks, does. A host records the
     summary compaction asks for, across a restart, and it is fed at the next iteration; a replay
     fork of the run is fed the source's windows, that summary included."""
-    machine = type("HostSummary", (SpecificationMachine,), {"counters": counters, "shared_urls": None, "steps": 0,
-                                                            "summaries_asked": 0, "summaries_fed": 0})
-    state = machine()
-    quiet = {"seed": 0, "user_words": 0, "untrusted": False, "calls": [], "cross_turn": False, "reply_words": 0,
-             "via_append": False, "render": "", "max_tokens": None}
-    try:
-        state.start(config=Config(token_counter="o200k_base", budget=600, window_policy="cache_stable",
-                                  clearing=True, summaries="host", keep_last_turns=1, transcript_window=0,
-                                  trim_to_fraction=0.6))
+    config = Config(token_counter="o200k_base", budget=600, window_policy="cache_stable", clearing=True,
+                    summaries="host", keep_last_turns=1, transcript_window=0, trim_to_fraction=0.6)
+    with fixed_sequence(counters, "HostSummary", config) as state:
         for seed in range(6):
-            state.turn(index=0, shape={**quiet, "seed": seed, "user_words": 12, "calls": ["small"], "reply_words": 30})
+            state.turn(index=0, shape={**QUIET, "seed": seed, "user_words": 12, "calls": ["small"], "reply_words": 30})
             if seed == 3:
                 state.restart()
         state.reassemble(index=0, back=1)
         state.fork(index=0, where=0.2, mode="replay", depart=None)
         for _ in range(6):
-            state.turn(index=1, shape=quiet)
-    finally:
-        state.teardown()
-    assert machine.summaries_fed >= 2, "the source's summary and the fork's are checked fed"
+            state.turn(index=1, shape=QUIET)
+    assert type(state).summaries_fed >= 2, "the source's summary and the fork's are checked fed"
 
 
 def test_a_branch_fork_recuts_the_clips_it_carries(counters: Counters) -> None:
@@ -105,23 +117,15 @@ def test_a_branch_fork_recuts_the_clips_it_carries(counters: Counters) -> None:
     half the budget on the next, and that turn, its own results clipped too, may cut it shorter
     still. A branch fork that carries the first turn but not the second re-cuts the result for
     its own turn, to half the budget: the source's later bytes are not the fork's."""
-    machine = type("BranchClip", (SpecificationMachine,), {"counters": counters, "shared_urls": None, "steps": 0,
-                                                            "summaries_asked": 0, "summaries_fed": 0})
-    state = machine()
-    quiet = {"seed": 0, "user_words": 0, "untrusted": False, "calls": [], "cross_turn": False, "reply_words": 0,
-             "via_append": False, "render": "", "max_tokens": None}
-    try:
-        state.start(config=Config(token_counter="o200k_base", budget=600, window_policy="cache_stable",
-                                  clearing=False, summaries="none", keep_last_turns=0, transcript_window=0,
-                                  trim_to_fraction=0.6))
-        state.turn(index=0, shape={**quiet, "calls": ["huge", "tiny"], "cross_turn": True})
+    config = Config(token_counter="o200k_base", budget=600, window_policy="cache_stable", clearing=False,
+                    summaries="none", keep_last_turns=0, transcript_window=0, trim_to_fraction=0.6)
+    with fixed_sequence(counters, "BranchClip", config) as state:
+        state.turn(index=0, shape={**QUIET, "calls": ["huge", "tiny"], "cross_turn": True})
         state.reassemble(back=0, index=0)
-        state.turn(index=0, shape={**quiet, "calls": ["huge"]})
+        state.turn(index=0, shape={**QUIET, "calls": ["huge"]})
         state.reassemble(back=0, index=0)
         state.fork(depart=None, index=0, mode="branch", where=0.505129817097491)
-        state.turn(index=1, shape=quiet)
-    finally:
-        state.teardown()
+        state.turn(index=1, shape=QUIET)
 
 
 @pytest.fixture(scope="module")
