@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log"
+	"os"
 
 	"google.golang.org/protobuf/proto"
 
@@ -11,9 +12,15 @@ import (
 	pb "github.com/context-sidecar/context-sidecar/clients/go/contextsidecarv1"
 )
 
-// One turn of a host, and a refused call decoded (compiled, not run: it needs a sidecar).
+// One turn of a host, and a refused call decoded. The sidecar is at $SIDECAR_ADDRESS
+// (127.0.0.1:50051 when unset); $SIDECAR_TOKEN is the tenant's token, if it has tenants.
+// go test runs it against the tests' own sidecar and compares what it prints with Output.
 func Example() {
-	c, err := sidecar.Dial("127.0.0.1:50051", sidecar.WithToken("my-token"))
+	address := os.Getenv("SIDECAR_ADDRESS")
+	if address == "" {
+		address = "127.0.0.1:50051"
+	}
+	c, err := sidecar.Dial(address, sidecar.WithToken(os.Getenv("SIDECAR_TOKEN")))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -34,14 +41,20 @@ func Example() {
 		log.Fatal(err)
 	}
 	for _, e := range turn.GetEntries() {
-		fmt.Println(e.GetEventId(), e.GetTokens())
+		fmt.Println(e.GetEventId(), e.GetTokens(), "tokens")
 	}
 
 	_, err = c.AppendEvents(ctx, &pb.AppendEventsRequest{RunId: "run-1", Events: []*pb.Event{{Role: "user"}}})
 	if e, ok := sidecar.AsError(err); ok {
-		fmt.Println(e.Code, e.Reason) // InvalidArgument validation_error
+		fmt.Println(e.Code, e.Reason)
 		for _, f := range e.Fields {
-			fmt.Println(f.Field, f.Description) // events[0].event_id is required
+			fmt.Println(f.Field, f.Description)
 		}
 	}
+	// Output:
+	// u1 7 tokens
+	// c1 6 tokens
+	// r1 33 tokens
+	// InvalidArgument validation_error
+	// events[0].event_id is required
 }

@@ -61,6 +61,13 @@ func run(m *testing.M) (int, error) {
 	}
 	defer stop()
 	target = addr
+	// Example reads where the sidecar is, and its token, from the environment, as a host would.
+	if err := os.Setenv("SIDECAR_ADDRESS", addr); err != nil {
+		return 0, err
+	}
+	if err := os.Setenv("SIDECAR_TOKEN", tokens["alpha"]); err != nil {
+		return 0, err
+	}
 	return m.Run(), nil
 }
 
