@@ -155,7 +155,7 @@ class ErrorsTest {
     return HexFormat.of().formatHex(bytes);
   }
 
-  private static String sha256(String token) {
+  static String sha256(String token) {
     try {
       return HexFormat.of().formatHex(
           MessageDigest.getInstance("SHA-256").digest(token.getBytes(StandardCharsets.UTF_8)));
