@@ -67,7 +67,8 @@ setup_java() {
 
 setup_node() {
   command -v npm >/dev/null || { echo "dev.sh: Node.js 20 and npm are needed for the client tests" >&2; exit 1; }
-  (cd clients/node && npm ci --no-audit --no-fund --loglevel=error)
+  # The TypeScript package: its dependencies, then its build (dist/), which the tests and the bench import.
+  (cd clients/node && npm ci --no-audit --no-fund --loglevel=error && npm run --silent build)
 }
 
 command=${1:-}

@@ -6,7 +6,7 @@ bench protocol (``benchmarks/client_bench.py`` says it in full) against it, one 
 - python: ``python -m benchmarks._lib.client_bench`` (sidecar.client)
 - python-stubs: the same with ``--stubs``: the generated stubs, no client, and the client timed
   in the same rounds (what the client adds, printed under the table)
-- node:   ``node clients/node/bench.js`` (clients/node/client.js; needs its node_modules)
+- node:   ``node clients/node/bench.js`` (the package, built: ``npm ci && npm run build``)
 - go:     ``go run ./cmd/bench`` in clients/go
 - java:   the class in a ``Bench.java``, built by Maven (``clients/java/pom.xml``), run by ``java -cp``
 
@@ -42,8 +42,8 @@ def command(language: str, target: str, rounds: int) -> tuple[list[str], Path] |
     if language == "node":
         if not (CLIENTS / "node" / "bench.js").is_file():
             return "clients/node/bench.js is missing"
-        if not (CLIENTS / "node" / "node_modules").is_dir():
-            return "clients/node has no node_modules (cd clients/node && npm ci)"
+        if not (CLIENTS / "node" / "dist" / "index.js").is_file():
+            return "clients/node is not built (cd clients/node && npm ci && npm run build)"
         return [shutil.which("node") or "node", "bench.js", *args], CLIENTS / "node"
     if language == "go":
         if not (CLIENTS / "go" / "cmd" / "bench").is_dir():

@@ -1,13 +1,11 @@
-'use strict';
-
 // The clients' common bench protocol (benchmarks/_lib/client_bench.py says it in full), through
-// client.js: a run of 200 events, then N rounds of a health Check and an AssembleContext
-// re-assembling iteration 50 under 8000 tokens, each call timed; one line of JSON out.
+// the package as built (dist/, `npm run build`): a run of 200 events, then N rounds of the
+// client's health Check and an AssembleContext re-assembling iteration 50 under 8000 tokens,
+// each call timed; one line of JSON out.
 //
 //   node clients/node/bench.js --target 127.0.0.1:50051 [--rounds 300]
 
-const grpc = require('@grpc/grpc-js');
-const { connect } = require('./client');
+import { connect } from '@context-sidecar/client';
 
 const WORDS = ('refund policy kettle order shipping invoice customer damaged clause days warranty receipt the a '
   + 'within agent reads file calls tool search summary token cache').split(' ');
@@ -34,15 +32,6 @@ function option(name, fallback) {
   return process.argv[at + 1];
 }
 
-// grpc.health.v1.Health/Check with the empty request; the answer is not decoded (client.js loads
-// only the sidecar's proto, and the bench needs the round trip, not the status).
-function healthCheck(channelClient) {
-  return new Promise((resolve, reject) => {
-    channelClient.makeUnaryRequest('/grpc.health.v1.Health/Check', (b) => b, (b) => b, Buffer.alloc(0),
-      { deadline: Date.now() + 30000 }, (err, answer) => (err ? reject(err) : resolve(answer)));
-  });
-}
-
 function p50us(nanoseconds) {
   const sorted = [...nanoseconds].sort((a, b) => (a < b ? -1 : a > b ? 1 : 0));
   return Math.round(Number(sorted[Math.floor(sorted.length / 2)]) / 100) / 10;
@@ -54,7 +43,6 @@ async function main() {
   const rounds = Number(option('--rounds', '300'));
   const runId = 'bench-node';
   const client = connect(target);
-  const health = new grpc.Client(target, grpc.credentials.createInsecure());
   try {
     await client.openRun({ run_id: runId, token_counter: 'o200k_base', transcript_token_budget: BUDGET });
     const events = [];
@@ -69,7 +57,7 @@ async function main() {
     const assembleTimes = [];
     for (let round = 0; round < rounds; round++) {
       let started = process.hrtime.bigint();
-      await healthCheck(health);
+      await client.checkHealth();
       healthTimes.push(process.hrtime.bigint() - started);
       started = process.hrtime.bigint();
       await client.assembleContext({ run_id: runId, iteration: last, max_transcript_tokens: BUDGET });
@@ -79,7 +67,6 @@ async function main() {
       assemble_p50_us: p50us(assembleTimes), rounds }));
   } finally {
     client.close();
-    health.close();
   }
 }
 

@@ -1,8 +1,6 @@
-'use strict';
-
 // Test helper (not a test): the assertions every test file makes about a failed call.
 
-const assert = require('node:assert/strict');
+import assert from 'node:assert/strict';
 
 /** `err` is a gRPC error with status `code`, and its details name `fieldWord` (when given). */
 function assertStatus(err, code, fieldWord) {
@@ -32,4 +30,4 @@ async function rejection(promise) {
   assert.fail('the call succeeded; an error status was expected');
 }
 
-module.exports = { assertStatus, assertReason, rejection };
+export { assertStatus, assertReason, rejection };

@@ -1,5 +1,3 @@
-'use strict';
-
 // Integration test: what each AssembleContext answer says the provider's prompt cache will do,
 // through client.js against a real sidecar with the "chars" counter. stable_prefix_tokens and
 // break_at are recounted here from two consecutive renderings alone: the requests' parts (the
@@ -7,15 +5,15 @@
 // counted as the provider counts them: their texts as code points, and FRAMING tokens around
 // each block. RecordUsage sets the provider's cached figures against that prediction.
 
-const { describe, it, before, after } = require('node:test');
-const assert = require('node:assert/strict');
-const fs = require('node:fs');
-const os = require('node:os');
-const path = require('node:path');
+import { describe, it, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
 
-const { connect } = require('../client');
-const { startSidecar, killSidecar, stopWithSigterm } = require('./sidecar');
-const { codePoints, fedText } = require('./text');
+import { connect } from '@context-sidecar/client';
+import { startSidecar, killSidecar, stopWithSigterm } from './sidecar.js';
+import { codePoints, fedText } from './text.js';
 
 const RUN_ID = 'node-cache';
 const TURNS = 8;

@@ -1,5 +1,3 @@
-'use strict';
-
 // Integration test: memory compaction (RFC 0012) through the proto from Node.js: CompactMemory
 // with the host's summary and with the built-in distiller, the background job, the
 // memory.compacted events (ListMemoryEvents, and live through the WatchEvents stream), against a
@@ -8,16 +6,16 @@
 // Every figure the sidecar reports is recounted here: with "chars" a text's tokens are its
 // Unicode code points, [...text].length, and byteSize is its UTF-8 length.
 
-const { describe, it, before, after } = require('node:test');
-const assert = require('node:assert/strict');
-const fs = require('node:fs');
-const os = require('node:os');
-const path = require('node:path');
+import { describe, it, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
 
-const { connect, STREAMING_METHODS, status } = require('../client');
-const { startSidecar, killSidecar, stopWithSigterm } = require('./sidecar');
-const { assertStatus, assertReason, rejection } = require('./assertions');
-const { codePoints } = require('./text');
+import { connect, STREAMING_METHODS, status } from '@context-sidecar/client';
+import { startSidecar, killSidecar, stopWithSigterm } from './sidecar.js';
+import { assertStatus, assertReason, rejection } from './assertions.js';
+import { codePoints } from './text.js';
 
 const MIN_ENTRIES = 12; // the job compacts a ref holding more live entries than this
 const KEEP_RECENT = 4; // ... and never takes its newest 4

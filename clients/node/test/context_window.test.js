@@ -1,5 +1,3 @@
-'use strict';
-
 // Integration test: the whole context window through the proto from Node.js, against a real
 // sidecar with the "chars" counter (a text's tokens are its code points, recounted here): a run
 // with a profile, a task and a loaded skill; 20 turns of tool calls and results, some of them
@@ -7,16 +5,16 @@
 // a changed tool breaking it and saying so; both provider renderings parsed and checked; usage,
 // agent state and compaction records.
 
-const { describe, it, before, after } = require('node:test');
-const assert = require('node:assert/strict');
-const fs = require('node:fs');
-const os = require('node:os');
-const path = require('node:path');
+import { describe, it, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
 
-const { connect, status } = require('../client');
-const { startSidecar, killSidecar, stopWithSigterm } = require('./sidecar');
-const { assertStatus, assertReason, rejection } = require('./assertions');
-const { codePoints, fedText, textGenerator } = require('./text');
+import { connect, status } from '@context-sidecar/client';
+import { startSidecar, killSidecar, stopWithSigterm } from './sidecar.js';
+import { assertStatus, assertReason, rejection } from './assertions.js';
+import { codePoints, fedText, textGenerator } from './text.js';
 
 const RUN_ID = 'node-context-window';
 const TURNS = 20;

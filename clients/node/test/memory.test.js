@@ -1,5 +1,3 @@
-'use strict';
-
 // Integration test: memory (PutMemory/GetMemory/DeleteMemory/ListMemory), secrets
 // (RegisterSecrets/ForgetSecrets) and tenancy, against a real sidecar configured with two
 // tenants and the "chars" memory token counter.
@@ -8,18 +6,18 @@
 // Unicode code points, [...text].length. The token-bounded reads are checked against the RFC 0113
 // rule computed here from our own record of what we put, never from the server's view.
 
-const { describe, it, before, after } = require('node:test');
-const assert = require('node:assert/strict');
-const crypto = require('node:crypto');
-const fs = require('node:fs');
-const os = require('node:os');
-const path = require('node:path');
+import { describe, it, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import crypto from 'node:crypto';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
 
-const { connect, METHODS, status } = require('../client');
-const { startSidecar, killSidecar, stopWithSigterm } = require('./sidecar');
-const { assertStatus, rejection } = require('./assertions');
+import { connect, METHODS, status } from '@context-sidecar/client';
+import { startSidecar, killSidecar, stopWithSigterm } from './sidecar.js';
+import { assertStatus, rejection } from './assertions.js';
 
-const { codePoints, textGenerator } = require('./text');
+import { codePoints, textGenerator } from './text.js';
 const sha256Hex = (text) => crypto.createHash('sha256').update(text, 'utf8').digest('hex');
 
 // --- tenants --------------------------------------------------------------------------------
@@ -121,7 +119,7 @@ function checkEntry(entry, record, where) {
     assert.deepEqual(entry.expires_at, { seconds: entry.created_at.seconds + record.ttl, nanos: entry.created_at.nanos },
       `${where}: expires_at == created_at + ttl_seconds`);
   } else {
-    assert.equal(entry.expires_at, null, `${where}: no expires_at without a ttl`);
+    assert.equal(entry.expires_at, undefined, `${where}: no expires_at without a ttl`);
   }
 }
 

@@ -1,14 +1,12 @@
-'use strict';
-
 // Test helper (not a test; `npm test` runs test/*.test.js): start a real sidecar process for one
 // test file.
 
-const assert = require('node:assert/strict');
-const { spawn } = require('node:child_process');
-const path = require('node:path');
-const readline = require('node:readline');
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import path from 'node:path';
+import readline from 'node:readline';
 
-const REPO_ROOT = path.join(__dirname, '..', '..', '..');
+const REPO_ROOT = path.join(import.meta.dirname, '..', '..', '..');
 const PYTHON = process.env.SIDECAR_PYTHON || 'python';
 const READY_TIMEOUT_MS = 30000;
 
@@ -76,4 +74,4 @@ async function stopWithSigterm(sidecar) {
   assert.equal(code, 0, `exit code ${code}; stderr:\n${sidecar.stderr()}`);
 }
 
-module.exports = { startSidecar, killSidecar, stopWithSigterm, REPO_ROOT, PYTHON };
+export { startSidecar, killSidecar, stopWithSigterm, REPO_ROOT, PYTHON };

@@ -1,5 +1,3 @@
-'use strict';
-
 // Integration test of declared summarization (RecordSummary) over gRPC: a real sidecar with
 // summarization on, driven turn by turn like a host that summarises whenever the sidecar says
 // compaction is due, then replayed in a fork whose host summarises differently.
@@ -8,15 +6,15 @@
 // [...text].length), and every window is checked against our own record of the run's log: the
 // events we sent and the summaries we recorded, never against the server's view of it.
 
-const { describe, it, before, after } = require('node:test');
-const assert = require('node:assert/strict');
-const fs = require('node:fs');
-const os = require('node:os');
-const path = require('node:path');
+import { describe, it, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
 
-const { connect, loadService, METHODS, STREAMING_METHODS, status } = require('../client');
-const { startSidecar, killSidecar, stopWithSigterm } = require('./sidecar');
-const { assertStatus, rejection } = require('./assertions');
+import { connect, METHODS, STREAMING_METHODS, status } from '@context-sidecar/client';
+import { startSidecar, killSidecar, stopWithSigterm, REPO_ROOT } from './sidecar.js';
+import { assertStatus, rejection } from './assertions.js';
 
 const BUDGET = 2000;
 const KEEP_LAST_TURNS = 2;
@@ -28,7 +26,7 @@ const SUMMARY_TYPE = 'context.summary';
 const SUMMARIZED_TYPE = 'context.summarized';
 const PAYLOAD_FIELDS = ['iteration', 'replacedTurns', 'summaryRef', 'tokenCounter', 'tokensBefore', 'tokensAfter'];
 
-const { TOOL_WORDS, codePoints, fedText, textGenerator } = require('./text');
+import { TOOL_WORDS, codePoints, fedText, textGenerator } from './text.js';
 const sum = (values) => values.reduce((s, v) => s + v, 0);
 
 // The window policy is "max_fill" here: these rules hold that the window is as full as it can be.
@@ -372,7 +370,11 @@ describe('declared summarization over gRPC (Node.js client)', () => {
   });
 
   it('wraps every RPC of the service', () => {
-    const service = loadService().service;
+    // The service as the proto declares it (the package's code is generated from it).
+    const proto = fs.readFileSync(path.join(REPO_ROOT, 'proto', 'contextsidecar', 'v1', 'sidecar.proto'), 'utf8');
+    const service = Object.fromEntries([...proto.matchAll(/^\s*rpc (\w+)\(\w+\) returns \((stream )?\w+\);/gm)]
+      .map(([, rpc, stream]) => [rpc, { responseStream: stream !== undefined }]));
+    assert.ok(Object.keys(service).length >= 28, 'the proto has its RPCs');
     assert.deepEqual(Object.keys(service).sort(), [...Object.keys(METHODS), ...Object.keys(STREAMING_METHODS)].sort());
     // A unary wrapper resolves one response: it must not stand for a streaming RPC, nor the reverse.
     for (const rpc of Object.keys(METHODS)) assert.equal(service[rpc].responseStream, false, rpc);

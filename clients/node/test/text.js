@@ -1,5 +1,3 @@
-'use strict';
-
 // Deterministic test text (a helper, not a test): seeded, and made of words for which code
 // points, UTF-16 units and UTF-8 bytes all differ (accents, a combining sequence, CJK, emoji, a
 // flag, a skin-tone modifier sequence), so a count in the wrong unit cannot pass.
@@ -62,4 +60,4 @@ function fedText(event, block) {
   return `<${block.tag} source="${source}">\n${block.preamble}\n${event.content}\n</${block.tag}>`;
 }
 
-module.exports = { TOOL_WORDS, codePoints, fedText, textGenerator };
+export { TOOL_WORDS, codePoints, fedText, textGenerator };

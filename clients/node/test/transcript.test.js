@@ -1,5 +1,3 @@
-'use strict';
-
 // Integration test: a real sidecar process, driven turn by turn through client.js.
 //
 // Every number the sidecar reports is recounted here, independently: with the "chars" counter
@@ -7,22 +5,22 @@
 // text.length, which counts UTF-16 units). The window rules are checked against our own
 // record of every event we sent, never against the server's view of the log.
 
-const { describe, it, before, after } = require('node:test');
-const assert = require('node:assert/strict');
-const fs = require('node:fs');
-const os = require('node:os');
-const path = require('node:path');
+import { describe, it, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
 
-const { connect, status } = require('../client');
-const { startSidecar, killSidecar, stopWithSigterm } = require('./sidecar');
-const { assertStatus, assertReason, rejection } = require('./assertions');
+import { connect, status } from '@context-sidecar/client';
+import { startSidecar, killSidecar, stopWithSigterm } from './sidecar.js';
+import { assertStatus, assertReason, rejection } from './assertions.js';
 
 const BUDGET = 2000;
 const TURNS = 40;
 const RUN_ID = 'node-transcript-run';
 const OVERSIZED_TURN = 27; // one turn alone exceeds the budget: its big event must be clipped
 
-const { TOOL_WORDS, codePoints, fedText, textGenerator } = require('./text');
+import { TOOL_WORDS, codePoints, fedText, textGenerator } from './text.js';
 const utf8Bytes = (text) => Buffer.byteLength(text, 'utf8');
 
 // --- the sidecar process ------------------------------------------------------------------

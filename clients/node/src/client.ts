@@ -1,0 +1,162 @@
+// The client: one typed method per RPC of contextsidecar.v1.ContextSidecar, named like the RPC
+// in lowerCamelCase, each taking the request as a plain object with the proto's snake_case
+// fields (any field may be left out: it is its zero value) and answering the decoded response.
+
+import { Client as GrpcClient, credentials, Metadata, type ChannelOptions, type ClientReadableStream,
+  type ServiceError } from '@grpc/grpc-js';
+
+import { callError } from './errors.js';
+import { ContextSidecarDefinition, type DeepPartial } from './gen/contextsidecar/v1/sidecar.js';
+import { CHANNEL_OPTIONS, DEFAULT_DEADLINE_MS, DEFAULT_RETRIES, pauseBeforeRetry, retryable } from './retry.js';
+
+type Definition = typeof ContextSidecarDefinition.methods;
+type MethodName = keyof Definition;
+type MessageOf<Type> = Type extends { decode(input: Uint8Array): infer Message } ? Message : never;
+/** The request of RPC `Name` (its lowerCamelCase name, e.g. 'assembleContext'). */
+export type RequestOf<Name extends MethodName> = MessageOf<Definition[Name]['requestType']>;
+/** The response of RPC `Name`. */
+export type ResponseOf<Name extends MethodName> = MessageOf<Definition[Name]['responseType']>;
+
+export interface CallOptions {
+  /** The whole call's deadline, retries included, in milliseconds; null for none. Default: the
+   * client's (30 s); a streaming call has none unless given. */
+  deadlineMs?: number | null;
+  /** Retries of an idempotent call the sidecar was unavailable for. Default: the client's (4). */
+  retries?: number;
+}
+
+export interface ConnectOptions extends CallOptions {
+  /** The tenant's bearer token, when the sidecar is configured with tenants. */
+  token?: string;
+  /** grpc-js channel options, over the client's own (a fast reconnect backoff). */
+  channelOptions?: ChannelOptions;
+}
+
+type Methods = {
+  [Name in MethodName]: Definition[Name]['responseStream'] extends true
+    ? (request?: DeepPartial<RequestOf<Name>>, options?: CallOptions) => ClientReadableStream<ResponseOf<Name>>
+    : (request?: DeepPartial<RequestOf<Name>>, options?: CallOptions) => Promise<ResponseOf<Name>>;
+};
+
+export interface HealthCheckResponse {
+  /** grpc.health.v1's ServingStatus: 1 is SERVING. */
+  status: number;
+}
+
+export interface SidecarClient extends Methods {
+  /** grpc.health.v1.Health/Check: status 1 (SERVING) once the sidecar accepts calls. */
+  checkHealth(request?: { service?: string }, options?: CallOptions): Promise<HealthCheckResponse>;
+  /** Resolves once the channel is connected (rejects after `deadlineMs`). */
+  waitForReady(deadlineMs?: number): Promise<void>;
+  close(): void;
+}
+
+/** RPC name in the proto -> method name on the client, for the unary RPCs. */
+export const METHODS: Readonly<Record<string, string>> = Object.fromEntries(
+  Object.entries(ContextSidecarDefinition.methods).filter(([, method]) => !method.responseStream)
+    .map(([name, method]) => [method.name, name]));
+/** The server-streaming RPCs: their method returns grpc-js's ClientReadableStream ('data' per
+ * message, 'error', cancel() to stop), since a promise of one answer cannot carry a stream. */
+export const STREAMING_METHODS: Readonly<Record<string, string>> = Object.fromEntries(
+  Object.entries(ContextSidecarDefinition.methods).filter(([, method]) => method.responseStream)
+    .map(([name, method]) => [method.name, name]));
+
+const SERVICE_PATH = `/${ContextSidecarDefinition.fullName}`;
+
+interface Codec {
+  serialize(request: Record<string, unknown>): Buffer;
+  deserialize(bytes: Buffer): unknown;
+}
+
+// grpc.health.v1: the request's only field is `service` (1, a string); the response's only one
+// `status` (1, an enum), hand-coded since two one-field messages do not warrant a generated file.
+const HEALTH: Codec = {
+  serialize(request) {
+    const service = Buffer.from(String(request.service ?? ''), 'utf8');
+    return service.length === 0 ? Buffer.alloc(0) : Buffer.concat([Buffer.from([0x0a, service.length]), service]);
+  },
+  deserialize: (bytes) => ({ status: bytes.length >= 2 && bytes[0] === 0x08 ? bytes[1] : 0 }),
+};
+
+function codec(method: Definition[MethodName]): Codec {
+  // fromPartial fills every field left out with its zero value, which encode needs.
+  const requestType = method.requestType as unknown as {
+    fromPartial(request: unknown): unknown; encode(message: unknown): { finish(): Uint8Array } };
+  const responseType = method.responseType as unknown as { decode(bytes: Uint8Array): unknown };
+  return {
+    serialize: (request) => Buffer.from(requestType.encode(requestType.fromPartial(request)).finish()),
+    deserialize: (bytes) => responseType.decode(bytes),
+  };
+}
+
+function sleep(ms: number): Promise<void> {
+  return new Promise((resolve) => setTimeout(resolve, ms));
+}
+
+/**
+ * Connect to a sidecar at `address` ("127.0.0.1:50051" or "unix:///abs/path.sock"). The sidecar
+ * has no TLS of its own (it listens on loopback or a unix socket), hence plaintext.
+ *
+ * A call to the sidecar that was unavailable is tried again, up to `retries` times with a
+ * doubling pause (0.1 s to 2 s, jittered), when repeating it is harmless (the reads and the
+ * writes of what the host names); never past the call's deadline. A failure rejects with a
+ * SidecarError subclass by status (InvalidArgumentError, NotFoundError, ...).
+ */
+export function connect(address: string, options: ConnectOptions = {}): SidecarClient {
+  const { token, channelOptions = {}, deadlineMs: clientDeadlineMs = DEFAULT_DEADLINE_MS,
+    retries: clientRetries = DEFAULT_RETRIES } = options;
+  if (token !== undefined && (typeof token !== 'string' || token === '')) {
+    throw new TypeError('token must be a non-empty string');
+  }
+  const channel = new GrpcClient(address, credentials.createInsecure(), { ...CHANNEL_OPTIONS, ...channelOptions });
+  // A fresh Metadata per call: grpc-js refuses call credentials on an insecure channel.
+  const callMetadata = (): Metadata => {
+    const metadata = new Metadata();
+    if (token !== undefined) metadata.set('authorization', `Bearer ${token}`);
+    return metadata;
+  };
+
+  const attempt = (path: string, methodCodec: Codec, request: Record<string, unknown>, deadline: number | null) =>
+    new Promise<unknown>((resolve, reject) => {
+      channel.makeUnaryRequest(path, methodCodec.serialize, methodCodec.deserialize, request, callMetadata(),
+        deadline === null ? {} : { deadline }, (error: ServiceError | null, response?: unknown) =>
+          (error ? reject(error) : resolve(response)));
+    });
+
+  async function unary(method: string, path: string, methodCodec: Codec, request: Record<string, unknown>,
+    callOptions: CallOptions): Promise<unknown> {
+    const deadlineMs = callOptions.deadlineMs === undefined ? clientDeadlineMs : callOptions.deadlineMs;
+    const deadline = deadlineMs === null ? null : Date.now() + deadlineMs;
+    const retries = retryable(method, request) ? callOptions.retries ?? clientRetries : 0;
+    for (let retry = 1; ; retry++) {
+      try {
+        return await attempt(path, methodCodec, request, deadline);
+      } catch (error) {
+        const serviceError = error as ServiceError;
+        const pause = pauseBeforeRetry(serviceError.code, retry, retries, deadline === null ? null : deadline - Date.now());
+        if (pause === null) throw callError(method, serviceError);
+        await sleep(pause);
+      }
+    }
+  }
+
+  const client: Record<string, unknown> = {
+    close: () => channel.close(),
+    waitForReady: (deadlineMs = 5000) => new Promise<void>((resolve, reject) => {
+      channel.waitForReady(Date.now() + deadlineMs, (error) => (error ? reject(error) : resolve()));
+    }),
+    checkHealth: (request: { service?: string } = {}, callOptions: CallOptions = {}) =>
+      unary('Health/Check', '/grpc.health.v1.Health/Check', HEALTH, request, callOptions),
+  };
+  for (const [name, method] of Object.entries(ContextSidecarDefinition.methods) as [MethodName, Definition[MethodName]][]) {
+    const path = `${SERVICE_PATH}/${method.name}`;
+    const methodCodec = codec(method);
+    client[name] = method.responseStream
+      ? (request: Record<string, unknown> = {}, callOptions: CallOptions = {}) =>
+        channel.makeServerStreamRequest(path, methodCodec.serialize, methodCodec.deserialize, request,
+          callMetadata(), callOptions.deadlineMs == null ? {} : { deadline: Date.now() + callOptions.deadlineMs })
+      : (request: Record<string, unknown> = {}, callOptions: CallOptions = {}) =>
+        unary(method.name, path, methodCodec, request, callOptions);
+  }
+  return client as unknown as SidecarClient;
+}
