@@ -6,6 +6,7 @@
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
+import crypto from 'node:crypto';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -18,6 +19,8 @@ const PACKAGE = path.join(import.meta.dirname, '..');
 // The fresh project takes the versions this package is developed and tested with.
 const versionOf = (name) => JSON.parse(fs.readFileSync(path.join(PACKAGE, 'node_modules', name, 'package.json'), 'utf8')).version;
 const HOST_DEPENDENCIES = ['typescript', '@types/node', 'ai', '@ai-sdk/provider'].map((name) => `${name}@${versionOf(name)}`);
+// The sidecar has a tenant, as in production: the examples take its token from $SIDECAR_TOKEN.
+const TOKEN = crypto.randomBytes(16).toString('hex');
 const TSC = ['--strict', '--module', 'nodenext', '--target', 'es2022', '--types', 'node'];
 
 function run(command, args, options) {
@@ -38,7 +41,10 @@ describe('the packed package, installed into a fresh project', () => {
     tmpDir = fs.mkdtempSync(path.join(os.tmpdir(), 'sidecar-npm-'));
     host = path.join(tmpDir, 'host');
     fs.mkdirSync(host);
-    sidecar = startSidecar(tmpDir);
+    const config = path.join(tmpDir, 'sidecar.toml');
+    const tokenSha256 = crypto.createHash('sha256').update(TOKEN, 'utf8').digest('hex');
+    fs.writeFileSync(config, `[[auth.tenants]]\nid = "host"\ntoken_sha256 = "${tokenSha256}"\n`);
+    sidecar = startSidecar(tmpDir, ['--config', config]);
     const [packed] = JSON.parse(run('npm', ['pack', '--json', '--ignore-scripts', '--pack-destination', tmpDir], { cwd: PACKAGE }));
     fs.writeFileSync(path.join(host, 'package.json'), JSON.stringify({ name: 'host', private: true, type: 'module' }));
     run('npm', ['install', '--no-audit', '--no-fund', '--prefer-offline', '--loglevel=error',
@@ -46,7 +52,7 @@ describe('the packed package, installed into a fresh project', () => {
     for (const example of ['one_turn.ts', 'ai_sdk.ts']) {
       fs.copyFileSync(path.join(PACKAGE, 'examples', example), path.join(host, example));
     }
-    client = connect(await sidecar.ready);
+    client = connect(await sidecar.ready, { token: TOKEN });
   });
 
   after(async () => {
@@ -64,14 +70,17 @@ describe('the packed package, installed into a fresh project', () => {
     assert.equal(fs.existsSync(path.join(installed, 'test')), false, 'no tests in the package');
   });
 
-  it('compiles the one-turn example with tsc --strict and runs it', async () => {
+  it('compiles the one-turn example with tsc --strict and runs it, with a tenant\'s token', async () => {
     run(path.join(host, 'node_modules', '.bin', 'tsc'), [...TSC, 'one_turn.ts'], { cwd: host });
-    const printed = run('node', ['one_turn.js'], { cwd: host, env: { ...process.env, SIDECAR_ADDRESS: sidecar.address } });
-    // What it printed is what the sidecar recorded as fed for the turn.
-    const fed = await client.getTranscriptWindow({ run_id: 'run-1', iteration: 2 });
-    assert.deepEqual(fed.event_ids, ['u1', 'u2', 'c2', 'r2']);
-    assert.equal(printed, `${util.format(fed.token_count, fed.token_budget, fed.entries.map((e) => [e.event_id, e.tokens]))}\n`
-      + `${util.format('validation_error', ['token_counter'])}\n`);
+    const printed = run('node', ['one_turn.js'], { cwd: host,
+      env: { ...process.env, SIDECAR_ADDRESS: sidecar.address, SIDECAR_TOKEN: TOKEN } });
+    // What it printed is what the sidecar recorded as fed for the turn, counted again here.
+    const fed = await client.getTranscriptWindow({ run_id: 'run-1', iteration: 1 });
+    assert.deepEqual(fed.event_ids, ['u1', 'c1', 'r1']);
+    const { counts } = await client.countTokens({ token_counter: 'o200k_base', texts: fed.entries.map((e) => e.rendered) });
+    assert.deepEqual(fed.entries.map((e) => e.tokens), counts);
+    assert.equal(printed, [...fed.entries.map((e, i) => `${e.event_id} ${counts[i]} tokens`),
+      'INVALID_ARGUMENT validation_error', 'events[0].event_id is required', ''].join('\n'));
   });
 
   it('compiles the AI SDK example with tsc --strict and runs a chat on the SDK\'s mock model', async () => {
@@ -81,7 +90,7 @@ describe('the packed package, installed into a fresh project', () => {
 import { MockLanguageModelV3 } from 'ai/test';
 import { connect } from '@context-sidecar/client';
 import { chat } from './ai_sdk.js';
-const sidecar = connect(process.env.SIDECAR_ADDRESS);
+const sidecar = connect(process.env.SIDECAR_ADDRESS, { token: process.env.SIDECAR_TOKEN });
 const model = new MockLanguageModelV3({ doGenerate: { content: [{ type: 'text', text: 'Within 30 days.' }],
   finishReason: { unified: 'stop' }, warnings: [],
   usage: { inputTokens: { total: 1 }, outputTokens: { total: 1 } } } });
@@ -91,7 +100,8 @@ await chat(sidecar, model, [question, ...answer, { role: 'user', content: 'And f
 console.log(JSON.stringify(model.doGenerateCalls.map((call) => call.prompt)));
 sidecar.close();
 `);
-    const prompts = JSON.parse(run('node', ['chat.js'], { cwd: host, env: { ...process.env, SIDECAR_ADDRESS: sidecar.address } }));
+    const prompts = JSON.parse(run('node', ['chat.js'], { cwd: host,
+      env: { ...process.env, SIDECAR_ADDRESS: sidecar.address, SIDECAR_TOKEN: TOKEN } }));
     const system = { role: 'system', content: 'You are a helpful assistant.' };
     const user = (text) => ({ role: 'user', content: [{ type: 'text', text }] });
     assert.deepEqual(prompts, [
