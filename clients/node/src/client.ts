@@ -152,9 +152,15 @@ export function connect(address: string, options: ConnectOptions = {}): SidecarC
     const path = `${SERVICE_PATH}/${method.name}`;
     const methodCodec = codec(method);
     client[name] = method.responseStream
-      ? (request: Record<string, unknown> = {}, callOptions: CallOptions = {}) =>
-        channel.makeServerStreamRequest(path, methodCodec.serialize, methodCodec.deserialize, request,
-          callMetadata(), callOptions.deadlineMs == null ? {} : { deadline: Date.now() + callOptions.deadlineMs })
+      ? (request: Record<string, unknown> = {}, callOptions: CallOptions = {}) => {
+        const call = channel.makeServerStreamRequest(path, methodCodec.serialize, methodCodec.deserialize, request,
+          callMetadata(), callOptions.deadlineMs == null ? {} : { deadline: Date.now() + callOptions.deadlineMs });
+        // The stream's 'error' is the SidecarError a unary call would reject with.
+        const emit = call.emit.bind(call);
+        call.emit = ((event: string | symbol, ...args: unknown[]) => (event === 'error'
+          ? emit(event, callError(method.name, args[0] as ServiceError)) : emit(event, ...args))) as typeof call.emit;
+        return call;
+      }
       : (request: Record<string, unknown> = {}, callOptions: CallOptions = {}) =>
         unary(method.name, path, methodCodec, request, callOptions);
   }

@@ -9,7 +9,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 
-import { connect, FailedPreconditionError, InvalidArgumentError, NotFoundError, SidecarError, status,
+import { connect, DeadlineExceededError, FailedPreconditionError, InvalidArgumentError, NotFoundError, SidecarError, status,
   UnavailableError } from '@context-sidecar/client';
 import { startSidecar, killSidecar, stopWithSigterm } from './sidecar.js';
 import { rejection } from './assertions.js';
@@ -88,6 +88,18 @@ describe('errors and retries (Node.js client)', () => {
     assert.deepEqual(refused.info, { events_needed: '3', transcript_window: '2' });
     const { events: stored } = await client.listRunEvents({ run_id: 'narrow' });
     assert.deepEqual(stored, [], 'the refused call wrote nothing');
+  });
+
+  it('gives a watch\'s failure as the same error classes', async () => {
+    // A watch runs until cancelled: one with a short deadline fails once it passes.
+    const watch = client.watchEvents({}, { deadlineMs: 300 });
+    const failure = await new Promise((resolve) => {
+      watch.on('error', resolve);
+      watch.on('data', () => {});
+    });
+    assert.ok(failure instanceof DeadlineExceededError, `${failure}`);
+    assert.equal(failure.code, status.DEADLINE_EXCEEDED);
+    assert.equal(failure.method, 'WatchEvents');
   });
 
   it('stops cleanly on SIGTERM', async () => {
