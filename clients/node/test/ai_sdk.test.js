@@ -8,8 +8,8 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 
-import { generateText, jsonSchema, stepCountIs, tool, wrapLanguageModel } from 'ai';
-import { MockLanguageModelV3 } from 'ai/test';
+import { generateText, jsonSchema, stepCountIs, streamText, tool, wrapLanguageModel } from 'ai';
+import { convertArrayToReadableStream, MockLanguageModelV3 } from 'ai/test';
 
 import { connect } from '@context-sidecar/client';
 import { sidecarContext } from '@context-sidecar/client/ai-sdk';
@@ -111,6 +111,23 @@ describe('the AI SDK middleware over a real sidecar', () => {
     assert.ok(leftOut > 0, 'the last window left older events out');
     assert.equal(promptParts(received.at(-1)).some((part) => part.text === 'Can I return a kettle?'), false,
       'the first question is no longer fed');
+  });
+
+  it('feeds a streamed call the window too', async () => {
+    const model = new MockLanguageModelV3({
+      doStream: async () => ({ stream: convertArrayToReadableStream([
+        { type: 'stream-start', warnings: [] }, { type: 'text-start', id: 't' },
+        { type: 'text-delta', id: 't', delta: 'Streamed.' }, { type: 'text-end', id: 't' },
+        { type: 'finish', finishReason: { unified: 'stop', raw: undefined }, usage: USAGE }]) }),
+    });
+    const run_id = 'ai-sdk-stream';
+    const result = streamText({ model: wrapLanguageModel({ model, middleware: sidecarContext(client, { run_id,
+      settings: { token_counter: 'chars', transcript_token_budget: BUDGET } }) }), system: SYSTEM, prompt: 'Stream it.' });
+    assert.equal(await result.text, 'Streamed.');
+    const fed = await client.getTranscriptWindow({ run_id, iteration: 1 });
+    assert.deepEqual(fed.entries.map((entry) => entry.rendered), ['Stream it.']);
+    assert.deepEqual(model.doStreamCalls.map((call) => call.prompt),
+      [[{ role: 'system', content: SYSTEM }, { role: 'user', content: [{ type: 'text', text: 'Stream it.' }] }]]);
   });
 
   it('refuses a history shorter than the run holds', async () => {
