@@ -2,7 +2,7 @@
 # One entry point for a fresh machine with python3 (>= 3.11) and gcc; the tests also need node (>= 20),
 # go (1.26), Java 17 with Maven and PostgreSQL's server (.ci/run installs what is missing):
 #   ./dev.sh serve [flags]   set up, then run the sidecar (127.0.0.1:50051, LMDB in ./data)
-#   ./dev.sh test            set up, lint (ruff), type-check (mypy), run every test: Python, Node.js, Go, Java
+#   ./dev.sh test            set up, lint (ruff), type-check (mypy), run every test: Python, TypeScript, Go, Java
 #   ./dev.sh bench [name] [args]  set up, then run benchmarks/bench_<name>.py (default turn);
 #                            ./dev.sh bench --smoke: every benchmark for one round
 #   ./dev.sh setup           only set up: .venv with the package installed (fastcore compiled)
