@@ -39,25 +39,25 @@ const EVENT_ID = /^m(\d+)\.\d+$/;
  */
 export function sidecarContext(client: SidecarClient, options: SidecarContextOptions): LanguageModelMiddleware {
   const { run_id: runId } = options;
-  // Where the run's record ends: the history messages recorded, and the last iteration assembled.
-  let position: Promise<{ recorded: number; iteration: number }> | null = null;
+  let position: Promise<Position> | null = null;
 
-  async function readPosition(): Promise<{ recorded: number; iteration: number }> {
+  async function readPosition(): Promise<Position> {
     const opened = await client.openRun({ ...options.settings, run_id: runId });
-    let recorded = 0;
-    let iteration = 0;
+    const at: Position = { recorded: 0, iteration: 0, last: [] };
     if (!opened.created) {
       for (let from_seq: number | undefined = 0; from_seq !== undefined;) {
         const page = await client.listRunEvents({ run_id: runId, from_seq, limit: 1000 });
         for (const event of page.events) {
-          iteration = Math.max(iteration, event.iteration);
+          at.iteration = Math.max(at.iteration, event.iteration);
           const message = EVENT_ID.exec(event.event_id);
-          if (message) recorded = Math.max(recorded, Number(message[1]) + 1);
+          if (!message) continue;
+          if (Number(message[1]) + 1 > at.recorded) [at.recorded, at.last] = [Number(message[1]) + 1, []];
+          if (Number(message[1]) + 1 === at.recorded) at.last.push(shape(event));
         }
         from_seq = page.next_from_seq;
       }
     }
-    return { recorded, iteration };
+    return at;
   }
 
   return {
@@ -74,15 +74,37 @@ export function sidecarContext(client: SidecarClient, options: SidecarContextOpt
         throw new RangeError(`run ${runId} holds ${at.recorded} messages of this conversation, the prompt ${history.length}: `
           + 'pass the whole history, as it grew, to the model wrapped for this run');
       }
+      // The history must extend what the run holds: its last recorded message is still in place.
+      const lastRecorded = at.recorded > 0 ? messageEvents(history[at.recorded - 1], at.recorded - 1, 0).map(shape) : [];
+      if (JSON.stringify(lastRecorded) !== JSON.stringify(at.last)) {
+        throw new RangeError(`run ${runId} recorded message ${at.recorded - 1} of this conversation as ${JSON.stringify(at.last)}, `
+          + `the prompt has ${JSON.stringify(lastRecorded)} there: pass the whole history, as it grew`);
+      }
       const iteration = at.iteration + 1;
       const append_events = history.slice(at.recorded).flatMap((message, offset) =>
         messageEvents(message, at.recorded + offset, iteration));
       const turn = await client.assembleContext({ run_id: runId, iteration, append_events,
         max_transcript_tokens: options.max_transcript_tokens });
-      position = Promise.resolve({ recorded: Math.max(at.recorded, history.length), iteration });
+      const recorded = Math.max(at.recorded, history.length);
+      const last = recorded > at.recorded ? messageEvents(history[recorded - 1], recorded - 1, 0).map(shape) : at.last;
+      position = Promise.resolve({ recorded, iteration, last });
       return { ...params, prompt: [...instructions, ...windowMessages(turn.entries)] };
     },
   };
+}
+
+/** Where the run's record of the conversation ends: the history messages recorded, the last
+ * iteration assembled, and the last recorded message's events, by shape. */
+interface Position {
+  recorded: number;
+  iteration: number;
+  last: string[];
+}
+
+/** An event's shape: what the sidecar keeps of it as sent (its content may be redacted; an empty
+ * type is stored as "message"). */
+function shape(event: DeepPartial<Event>): string {
+  return [event.event_id, event.role, event.type || 'message', event.call_id ?? '', event.tool_name ?? ''].join(' ');
 }
 
 function leadingSystemMessages(prompt: Prompt): Prompt {

@@ -136,6 +136,16 @@ describe('the AI SDK middleware over a real sidecar', () => {
     await assert.rejects(generateText({ model, prompt: 'Hello again' }), /holds 11 messages of this conversation, the prompt 1/);
   });
 
+  it('refuses a history that does not extend what the run holds', async () => {
+    // As long as the recorded one, but its last message is not the recorded tool result.
+    const messages = Array.from({ length: 12 }, (_, i) => ({ role: 'user', content: `message ${i}` }));
+    const model = wrapLanguageModel({ model: mockModel(), middleware: sidecarContext(client, { run_id: RUN_ID }) });
+    await assert.rejects(generateText({ model, messages }),
+      /recorded message 10 of this conversation as \["m10.0 tool tool_result call-1 "\], the prompt has \["m10.0 user message  "\] there/);
+    const { events } = await client.listRunEvents({ run_id: RUN_ID, limit: 1000 });
+    assert.equal(events.length, 11, 'nothing was recorded');
+  });
+
   it('stops cleanly on SIGTERM', async () => {
     client.close();
     client = null;
