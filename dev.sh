@@ -27,6 +27,15 @@ setup_python() {
     python3 -m venv "$VENV"
   fi
   mkdir -p "$stamps"
+  # The Python client (clients/python), which the server depends on for the API's stubs: it is not
+  # on PyPI, so it comes first, editable, from this tree.
+  local client_hash
+  client_hash=$(inputs_hash clients/python/pyproject.toml)
+  if [ "$(cat "$stamps/client" 2>/dev/null)" != "$client_hash" ]; then
+    say "installing the Python client (clients/python) editable"
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e clients/python
+    echo "$client_hash" >"$stamps/client"
+  fi
   # The dependencies (serving's, plus the extras asked for) come from pyproject.toml alone.
   local deps_hash deps_stamp
   deps_hash=$(inputs_hash pyproject.toml)

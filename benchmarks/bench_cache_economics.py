@@ -64,13 +64,13 @@ from pathlib import Path
 from statistics import fmean
 
 import grpc
+from context_sidecar_client.v1 import sidecar_pb2 as pb
+from context_sidecar_client.v1 import sidecar_pb2_grpc as pb_grpc
 
 from benchmarks._lib import corpus
 from benchmarks._lib.harness import Samples, add_smoke_flag, sidecar_process, smoke
 from benchmarks._lib.prompt_cache import AnthropicCache, OpenAICache, TokenCache, anthropic_blocks, openai_blocks
 from benchmarks._lib.workload import TOOLS, profile
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
 from sidecar.settings import ConfigError, env_name, load_settings
 from sidecar.text.encodings import load_encoding
 

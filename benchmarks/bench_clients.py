@@ -3,7 +3,7 @@
 Starts ONE real sidecar process, then runs each available client's implementation of the common
 bench protocol (``benchmarks/client_bench.py`` says it in full) against it, one after the other:
 
-- python: ``python -m benchmarks._lib.client_bench`` (sidecar.client)
+- python: ``python -m benchmarks._lib.client_bench`` (context_sidecar_client)
 - python-stubs: the same with ``--stubs``: the generated stubs, no client, and the client timed
   in the same rounds (what the client adds, printed under the table)
 - node:   ``node clients/node/bench.js`` (the package, built: ``npm ci && npm run build``)
@@ -108,7 +108,7 @@ def main() -> None:
     stubs = results.get("python-stubs")
     if isinstance(stubs, dict):
         extra = {call: stubs[f"client_{call}_p50_us"] - stubs[f"{call}_p50_us"] for call in ("health", "assemble")}
-        print(f"\nsidecar.client in the same rounds as python-stubs: health {stubs['client_health_p50_us']:,.0f} "
+        print(f"\nthe Python client in the same rounds as python-stubs: health {stubs['client_health_p50_us']:,.0f} "
               f"({extra['health']:+,.0f}), assemble {stubs['client_assemble_p50_us']:,.0f} ({extra['assemble']:+,.0f})")
     for language, result in results.items():
         if isinstance(result, str):

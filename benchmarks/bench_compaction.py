@@ -19,10 +19,11 @@ import threading
 import time
 from pathlib import Path
 
+from context_sidecar_client.v1 import sidecar_pb2 as pb
+from context_sidecar_client.v1 import sidecar_pb2_grpc as pb_grpc
+
 from benchmarks._lib import corpus
 from benchmarks._lib.harness import Samples, add_smoke_flag, sidecar_process, smoke
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
 
 READ_REF, FED_REF, BULK_REF = "mem:read", "mem:fed", "mem:bulk"
 READ_ENTRIES, BULK_ENTRIES = 2000, 1000  # in the read ref; compacted at once

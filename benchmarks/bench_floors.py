@@ -20,8 +20,8 @@ RPC's p50 by up to 16% here. Each row, a figure / its floor:
   each turn: planned again to check nothing was appended, and built (an answer is kept only from
   there on, and each round's turn changes the run) / the same floor as the row above (an answer
   of the same size);
-- re-assembly 8k through ``sidecar.client``, as a Python host calls / the same answer from the
-  floor server, also through ``sidecar.client``;
+- re-assembly 8k through ``context_sidecar_client``, as a Python host calls / the same answer from the
+  floor server, also through ``context_sidecar_client``;
 - a turn: AssembleContext appending one ~190-token event for a new iteration (count, one durable
   commit, persist the window, answer) / a bare RPC making one durable commit of the bytes a turn
   writes (below); the turn's answer is not in this floor (the first row's floor is such an answer);
@@ -49,7 +49,7 @@ page), so the floor puts a value that fills the call's whole pages less those tw
 floor's commits write is measured the same way and printed beside.
 
 ``figure / bare`` is over the sidecar's bare RPC (a health Check) in the same rounds; the Python
-client's row is over a health Check through ``sidecar.client``.
+client's row is over a health Check through ``context_sidecar_client``.
 
     python -m benchmarks.bench_floors [--rounds 300] [--events 10000] [--memory-entries 100000] [--json PATH]
         [--tree DIR]
@@ -71,6 +71,9 @@ from pathlib import Path
 from typing import Any, cast
 
 import grpc
+from context_sidecar_client import Client
+from context_sidecar_client.v1 import sidecar_pb2 as pb
+from context_sidecar_client.v1 import sidecar_pb2_grpc as pb_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from benchmarks._lib import corpus, floor_server, workload
@@ -85,9 +88,6 @@ from benchmarks._lib.harness import (
     sidecar_serving,
     smoke,
 )
-from sidecar.client import Client
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
 from sidecar.text.encodings import load_encoding
 from sidecar.wire.server import SERVICE_NAME
 
@@ -100,7 +100,7 @@ CALIBRATION = 10  # calls of each writing call to measure the bytes it writes
 # header, then the value) and two pages more: its leaf and the meta page.
 FLOOR_PUT_PAGES, OVERFLOW_HEADER = 2, 16
 # The floor server's methods: the answer each returns, and the commit of each writing call.
-ANSWERS = {"assemble 32k": "AssembleContext32k", "client assemble 8k": "AssembleContext",  # sidecar.client's name
+ANSWERS = {"assemble 32k": "AssembleContext32k", "client assemble 8k": "AssembleContext",  # the client's name
            "stacked assemble": "AssembleContextStacked"}
 COMMITS = {"turn": "Turn", "stacked turn": "StackedTurn", "record": "RecordSummary"}
 WHOLE_TURN = "TurnWhole"  # the floor server's method doing all a turn cannot skip
@@ -341,7 +341,7 @@ def report(args: argparse.Namespace, samples: dict[str, Samples], rows: list[Row
 def print_report(result: dict) -> None:
     print(f"\n{result['rounds']} interleaved rounds; {result['events']:,} events in the run, "
           f"{result['memory_entries']:,} memory entries; p50 µs on this machine. Bare RPC (health Check) "
-          f"{result['bare_p50_us']:,}, through sidecar.client {result['client_bare_p50_us']:,}; the floor "
+          f"{result['bare_p50_us']:,}, through context_sidecar_client {result['client_bare_p50_us']:,}; the floor "
           f"server's own {result['floor_server_bare_p50_us']:,}.")
     print("Bytes written per call (wchar), the sidecar's / its floor's: " + "; ".join(
         f"{figure} {sizes['call']:,} / {sizes['floor']:,}" for figure, sizes in result["bytes_written"].items()) + "\n")

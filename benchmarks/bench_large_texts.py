@@ -17,10 +17,10 @@ import tempfile
 from pathlib import Path
 
 import grpc
+from context_sidecar_client.v1 import sidecar_pb2 as pb
+from context_sidecar_client.v1 import sidecar_pb2_grpc as pb_grpc
 
 from benchmarks._lib.harness import add_smoke_flag, channel_to, sidecar_serving
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
 from sidecar.validation import MAX_UNBROKEN_RUN
 
 SIZE = 8 << 20  # [context] max_request_bytes' default

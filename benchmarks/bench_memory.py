@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from context_sidecar_client.v1 import sidecar_pb2 as pb
+from context_sidecar_client.v1 import sidecar_pb2_grpc as pb_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from benchmarks._lib import corpus
@@ -30,8 +32,6 @@ from benchmarks._lib.harness import add_smoke_flag, interleaved, sidecar_process
 from benchmarks._lib.workload import MEMORY_BUDGET as BUDGET
 from benchmarks._lib.workload import MEMORY_REF as REF
 from benchmarks._lib.workload import QUERY, entry_texts, load_memory
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
 from sidecar.text.redaction import Redactor
 
 

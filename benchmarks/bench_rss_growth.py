@@ -22,9 +22,10 @@ import time
 import urllib.request
 from pathlib import Path
 
+from context_sidecar_client import Client
+
 from benchmarks._lib.harness import add_smoke_flag, sidecar_serving, smoke
 from sidecar.bench.workload import prose
-from sidecar.client import Client
 
 METRICS_READY = "context-sidecar metrics on "
 BUDGET = 32_000

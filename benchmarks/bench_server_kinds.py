@@ -55,13 +55,13 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from context_sidecar_client.v1 import sidecar_pb2 as pb
+from context_sidecar_client.v1 import sidecar_pb2_grpc as pb_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from benchmarks._lib import corpus
 from benchmarks._lib.harness import add_smoke_flag, smoke
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
 from sidecar.settings import ContextSettings, ServerSettings, Settings, StorageSettings
 from sidecar.wire.server import SERVICE_NAME, Services, bound_address, build_server, servicer_for, start
 from sidecar.wire.servicer import add_servicer_to_server

@@ -23,10 +23,10 @@ import tempfile
 from pathlib import Path
 
 import lmdb
+from context_sidecar_client.v1 import sidecar_pb2 as pb
+from context_sidecar_client.v1 import sidecar_pb2_grpc as pb_grpc
 
 from benchmarks._lib.harness import add_smoke_flag, sidecar_process, smoke
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
 from sidecar.storage.databases import DATABASES
 from sidecar.storage.keys import be32
 from sidecar.transcript.runs import SIDECAR_ID_PREFIX

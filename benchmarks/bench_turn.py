@@ -11,7 +11,7 @@ are the corpus's (``_lib/workload.py``). The modes:
 - ``latency``: the per-turn table. bare; assemble (re-assembling a persisted iteration: select,
   read, answer; nothing written) and turn at 8k and 32k budgets over runs of ``--sizes`` events;
   retokenize (what a host pays without the sidecar: tiktoken over its whole transcript each turn,
-  measured in this process after the rounds). Through sidecar.client, as a host calls.
+  measured in this process after the rounds). Through context_sidecar_client, as a host calls.
 - ``trees``: two source trees side by side (``--before`` DIR, ``--after`` DIR, default this one;
   fastcore compiled in place in each: ``python setup.py build_ext --inplace``; an older commit's
   tree comes from ``git worktree add /tmp/before <commit>``): bare, assemble, turn, AppendEvents
@@ -68,6 +68,9 @@ from typing import Any, cast
 import grpc
 import lmdb
 import psycopg
+from context_sidecar_client import Client, fields
+from context_sidecar_client.v1 import sidecar_pb2 as pb
+from context_sidecar_client.v1 import sidecar_pb2_grpc as pb_grpc
 
 from benchmarks._lib import corpus
 from benchmarks._lib.harness import (
@@ -105,9 +108,6 @@ from benchmarks._lib.workload import (
     turn_request,
     writes_for,
 )
-from sidecar.client import Client
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
 from sidecar.settings import ContextSettings, load_settings
 from sidecar.storage import environment, recording
 from sidecar.storage.environment import Store
@@ -207,7 +207,7 @@ def latency_rounds(client: Client, stub: pb_grpc.ContextSidecarStub, sizes: list
         def call() -> pb.AssembleContextResponse:
             iteration = next_turn[size]
             next_turn[size] += 1
-            event = {"event_id": f"turn-{budget}-{iteration}", "role": "user",
+            event: fields.Event = {"event_id": f"turn-{budget}-{iteration}", "role": "user",
                      "content": new_contents[iteration % len(new_contents)]}
             return client.assemble_context(run_id=f"run-{size}", iteration=iteration, append_events=[event],
                                            max_transcript_tokens=budget)

@@ -141,7 +141,7 @@ def config_table(rows: list[dict]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["bench"]:  # a host-side tool over sidecar.client: imported only when asked for
+    if argv[:1] == ["bench"]:  # a host-side tool over context_sidecar_client: imported only when asked for
         from sidecar.bench.command import main as bench
 
         return bench(argv[1:])

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import grpc
 import pytest
+from context_sidecar_client.v1 import sidecar_pb2_grpc as pb_grpc
 
 from sidecar.memory import index as memory_module
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
 from sidecar.settings import (
     AuthSettings,
     ClearingSettings,

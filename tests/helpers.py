@@ -19,14 +19,14 @@ from pathlib import Path
 import grpc
 import lmdb
 import pytest
+from context_sidecar_client.v1 import sidecar_pb2 as pb
+from context_sidecar_client.v1 import sidecar_pb2_grpc as pb_grpc
 from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2_grpc
 from grpc_status import rpc_status
 
 from benchmarks._lib.postgres import Postgres  # noqa: F401  (the tests' import of it)
 from sidecar.memory.index import BM25_B, BM25_K1
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
 from sidecar.text.fencing import PREAMBLE
 from sidecar.transcript.transcripts import Transcripts
 

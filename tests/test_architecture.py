@@ -1,5 +1,5 @@
-"""The house rules, checked: imports run one way (the client beside the wire, apart from the
-rest), each area imports only the areas below it, LMDB stays in storage and the areas' schema
+"""The house rules, checked: imports run one way (the client's distribution apart from the
+server), each area imports only the areas below it, LMDB stays in storage and the areas' schema
 modules, each database belongs to one area and is named only there, every error has its row in
 the error table, and the tests mirror the code. Each rule is a function over a source root that
 returns its violations, so each is checked twice: the real tree has none, and a small tree built
@@ -19,13 +19,13 @@ from typing import Any
 
 import grpc
 import pytest
+from context_sidecar_client.v1 import sidecar_pb2 as pb
 from google.protobuf import unknown_fields
 
 from benchmarks._lib import registry
 from sidecar.errors import SidecarError
 from sidecar.pb.contextsidecar.storage.v1.memory_pb2 import MemoryRecord
 from sidecar.pb.contextsidecar.storage.v1.records_pb2 import EventRecord
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from tests.helpers import ROOT
 
 # Each area's folder in sidecar/ and its key in sidecar/storage/databases.py AREAS.
@@ -41,6 +41,8 @@ AREA_ORDER = (
 SHARED = ("errors.py", "settings.py", "validation.py", "caching.py")  # used by every layer, so they use none
 ENTRY_POINTS = ("cli.py", "__main__.py")  # start the server: above the wire, not below it
 STORAGE_STUBS = "sidecar.pb.contextsidecar.storage"  # the stored format, read by storage/codec.py alone
+CLIENT = "context_sidecar_client"  # the Python client's distribution (clients/python), which owns the API stubs
+API_STUBS = f"{CLIENT}.v1"
 
 
 # Reading a tree: which files, what each imports.
@@ -51,6 +53,13 @@ def sources(root: Path) -> list[Path]:
     found = [path for path in (root / "sidecar").rglob("*.py") if "pb" not in path.relative_to(root).parts[:2]]
     found += [*(root / "fastcore").glob("*.py"), *(root / "fastcore").glob("*.pyx")]
     return sorted(path.relative_to(root) for path in found)
+
+
+def client_sources(root: Path) -> list[Path]:
+    """The client distribution's own code, relative to root (its generated modules aside)."""
+    package = root / "clients" / "python" / CLIENT
+    return sorted(path.relative_to(root) for path in package.glob("*.py")
+                  if not path.stem.endswith("_pb2") and path.name != "fields.py")
 
 
 def module_of(relative: Path) -> list[str]:
@@ -105,11 +114,13 @@ def layer_of(relative: Path) -> str:
 
 def layer_imported(name: str) -> str | None:
     """The sidecar layer an imported module belongs to (None: not the sidecar's)."""
+    if within(name, CLIENT):
+        return "API stubs" if within(name, API_STUBS) else "client"
     if not within(name, "sidecar") or name == "sidecar":
         return None
     first = name.split(".")[1]
     if first == "pb":
-        return "storage stubs" if within(name, STORAGE_STUBS) else "API stubs"
+        return "storage stubs"
     if first in ("cli", "__main__"):
         return "entry"
     if first in ("errors", "settings", "validation", "caching"):
@@ -119,10 +130,11 @@ def layer_imported(name: str) -> str | None:
 
 # a. Layers: sidecar/wire -> areas -> storage, text, fastcore; errors, settings, validation below all;
 # sidecar/telemetry beside them, for every layer to record to (it imports only settings and errors).
-# sidecar/client stands beside the wire: grpc and the API stubs, nothing else of the sidecar (a host
-# imports it without the server's dependencies), and nothing of the sidecar imports it but
-# sidecar/bench, a host-side tool above it: the bench imports of the sidecar only the client (and
-# no grpc or stubs of its own: it calls as a host does), and only the entry (cli.py) imports it.
+# The client (its own distribution, clients/python) imports nothing of the server (a host installs
+# it without the server's dependencies). It owns the API stubs, which of the server only
+# sidecar/wire imports; nothing of the server imports the client but sidecar/bench, a host-side
+# tool: the bench imports of the sidecar only the client (and no grpc or stubs of its own: it
+# calls as a host does), and only the entry (cli.py) imports it.
 # sidecar/telemetry is cross-cutting like errors and settings: every layer of the server may import
 # it, and it imports nothing of the sidecar except those two.
 
@@ -135,15 +147,14 @@ FORBIDDEN = {
 
 def layer_violation(layer: str, relative: Path, name: str) -> str | None:
     target = layer_imported(name)
-    if layer not in ("wire", "client") and (within(name, "grpc", "google.rpc") or name.startswith("grpc_")
-                                            or target == "API stubs"):
-        return "which only sidecar/wire and sidecar/client may import"
-    if layer == "client" and target not in (None, "client", "API stubs"):
-        return "but sidecar/client imports nothing of the sidecar except the API stubs"
-    if target == "client" and layer not in ("client", "bench"):
-        return "but nothing of the sidecar imports sidecar/client (except sidecar/bench)"
+    if layer == "client":
+        return "but the client imports nothing of the server" if within(name, "sidecar", "fastcore") else None
+    if layer != "wire" and (within(name, "grpc", "google.rpc") or name.startswith("grpc_") or target == "API stubs"):
+        return "which only sidecar/wire and the client may import"
+    if target == "client" and layer != "bench":
+        return f"but nothing of the sidecar imports the client, {CLIENT} (except sidecar/bench)"
     if layer == "bench" and target not in (None, "bench", "client"):
-        return "but sidecar/bench imports nothing of the sidecar except sidecar/client"
+        return f"but sidecar/bench imports nothing of the sidecar except the client, {CLIENT}"
     if target == "bench" and layer not in ("bench", "entry"):
         return "but nothing of the sidecar imports sidecar/bench except sidecar/cli.py"
     if target == "storage stubs" and relative.as_posix() != "sidecar/storage/codec.py":
@@ -161,8 +172,8 @@ def layer_violation(layer: str, relative: Path, name: str) -> str | None:
 
 def layer_violations(root: Path) -> list[str]:
     violations = []
-    for relative in sources(root):
-        layer = layer_of(relative)
+    for relative in [*sources(root), *client_sources(root)]:
+        layer = "client" if relative.parts[0] == "clients" else layer_of(relative)
         wrong = {name: why for name in imported(root, relative) if (why := layer_violation(layer, relative, name))}
         violations += [f"{relative}: imports {name}, {wrong[name]}" for name in outermost(set(wrong))]
     return violations
@@ -404,9 +415,11 @@ def mirroring_violations(root: Path) -> list[str]:
         if relative.parts[0] in STANDING_APART or any(part == "__pycache__" or part.startswith(".")
                                                 for part in relative.parts):
             continue
-        mirrored = root / relative if relative.parts[0] == "fastcore" else root / "sidecar" / relative
+        client = root / "clients" / "python" / CLIENT / Path(*relative.parts[1:])  # tests/client/: the client's
+        mirrored = (root / relative if relative.parts[0] == "fastcore" else client if relative.parts[0] == "client"
+                    else root / "sidecar" / relative)
         if not mirrored.is_dir():
-            violations.append(f"tests/{relative.as_posix()}: names no folder of sidecar/ or fastcore/")
+            violations.append(f"tests/{relative.as_posix()}: names no folder of sidecar/, fastcore/ or the client")
         if not (folder / "__init__.py").is_file():
             violations.append(f"tests/{relative.as_posix()}: has no __init__.py")
     return violations
@@ -527,11 +540,12 @@ def layout_violations(root: Path) -> list[str]:
 def test_the_real_tree_is_read_whole() -> None:
     found = sources(ROOT)
     assert len(found) > 40 and Path("fastcore/_fastcore.pyx") in found and Path("sidecar/wire/server.py") in found
-    assert all(layer_of(path) in ("wire", "client", "bench", "entry", "area", "storage", "text", "shared",
+    assert all(layer_of(path) in ("wire", "bench", "entry", "area", "storage", "text", "shared",
                                   "telemetry", "fastcore", "package")
                for path in found), {path: layer_of(path) for path in found}
     assert Path("sidecar/telemetry/metrics.py") in found
-    assert "sidecar.pb.contextsidecar.v1.sidecar_pb2" in imported(ROOT, Path("sidecar/wire/servicer.py"))
+    assert "context_sidecar_client.v1.sidecar_pb2" in imported(ROOT, Path("sidecar/wire/servicer.py"))
+    assert Path("clients/python/context_sidecar_client/sync.py") in client_sources(ROOT)
 
 
 def test_imports_run_one_way() -> None:
@@ -641,11 +655,12 @@ LAWFUL = {
     "sidecar/settings.py": "import tomllib\n",
     "sidecar/validation.py": "import jsonschema\n\nfrom sidecar.errors import ValidationError\n",
     "sidecar/wire/server.py": ("import grpc\nfrom grpc_status import rpc_status\nfrom google.rpc import status_pb2\n"
-                               "from sidecar.pb.contextsidecar.v1 import sidecar_pb2\n"
+                               "from context_sidecar_client.v1 import sidecar_pb2\n"
                                "from sidecar.memory import api\nfrom sidecar.telemetry.metrics import Metrics\n"),
-    "sidecar/client/sync.py": ("import grpc\nfrom grpc_health.v1 import health_pb2\nfrom google.rpc import status_pb2\n"
-                               "from sidecar.pb.contextsidecar.v1 import sidecar_pb2\nfrom .calls import call_error\n"),
-    "sidecar/bench/run.py": ("from sidecar.client import Client, SidecarCallError\nfrom .workload import Sizes\n"
+    "clients/python/context_sidecar_client/sync.py": ("import grpc\nfrom context_sidecar_client.v1 import sidecar_pb2\n"
+                                                      "from context_sidecar_client.calls import retryable\n"),
+    "sidecar/bench/run.py": ("from context_sidecar_client import Client, SidecarCallError\n"
+                             "from .workload import Sizes\n"
                              "\n\ndef draw():\n    import matplotlib.pyplot\n"),
     "sidecar/storage/databases.py": DATABASES,
     "sidecar/storage/codec.py": "import fastcore\nfrom sidecar.pb.contextsidecar.storage.v1 import records_pb2\n",
@@ -686,7 +701,7 @@ LAWFUL = {
     "benchmarks/_lib/__init__.py": "",
     "benchmarks/_lib/harness.py": "import grpc\nfrom . import corpus\n",
     "benchmarks/bench_turn.py": ("from benchmarks._lib.harness import serving\n"
-                                 "from sidecar.client import Client\n"),
+                                 "from context_sidecar_client import Client\n"),
     "benchmarks/bench_memory.py": "from benchmarks._lib import harness\n",
 }
 RULES = {"layers": layer_violations, "area order": area_order_violations, "plugins": plugin_violations,
@@ -707,28 +722,28 @@ BREAKS = [
     ("layers", {"sidecar/text/counting.py": "def f():\n    from grpc_status import rpc_status\n"},
      "sidecar/text/counting.py: imports grpc_status, which only sidecar/wire"),
     ("layers", {"sidecar/cli.py": "from google.rpc import status_pb2\n"}, "sidecar/cli.py: imports google.rpc"),
-    ("layers", {"sidecar/context_window/state.py": "from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb\n"},
-     "sidecar/context_window/state.py: imports sidecar.pb.contextsidecar.v1, which only sidecar/wire"),
+    ("layers", {"sidecar/context_window/state.py": "from context_sidecar_client.v1 import sidecar_pb2 as pb\n"},
+     "sidecar/context_window/state.py: imports context_sidecar_client.v1, which only sidecar/wire"),
     ("layers", {"sidecar/storage/environment.py": "from sidecar.pb.contextsidecar.storage.v1 import records_pb2\n"},
      "imports sidecar.pb.contextsidecar.storage.v1, which only sidecar/storage/codec.py may import"),
-    ("layers", {"sidecar/client/calls.py": "from sidecar.errors import SidecarError\n"},
-     "sidecar/client/calls.py: imports sidecar.errors, but sidecar/client imports nothing of the sidecar except"),
-    ("layers", {"sidecar/client/aio.py": "from ..wire.status import to_status\n"},
-     "sidecar/client/aio.py: imports sidecar.wire.status, but sidecar/client imports nothing of the sidecar"),
-    ("layers", {"sidecar/wire/servicer.py": "from sidecar.client import Client\n"},
-     "sidecar/wire/servicer.py: imports sidecar.client, but nothing of the sidecar imports sidecar/client"),
+    ("layers", {"clients/python/context_sidecar_client/calls.py": "from sidecar.errors import SidecarError\n"},
+     "clients/python/context_sidecar_client/calls.py: imports sidecar.errors, but the client imports nothing of"),
+    ("layers", {"clients/python/context_sidecar_client/aio.py": "def f():\n    import fastcore\n"},
+     "clients/python/context_sidecar_client/aio.py: imports fastcore, but the client imports nothing of the server"),
+    ("layers", {"sidecar/wire/servicer.py": "from context_sidecar_client import Client\n"},
+     "sidecar/wire/servicer.py: imports context_sidecar_client, but nothing of the sidecar imports the client"),
     ("layers", {"sidecar/bench/run.py": "from sidecar.wire.server import serve\n"},
      "sidecar/bench/run.py: imports sidecar.wire.server, but sidecar/bench imports nothing of the sidecar except"),
     ("layers", {"sidecar/bench/report.py": "def f():\n    from sidecar.errors import SidecarError\n"},
      "sidecar/bench/report.py: imports sidecar.errors, but sidecar/bench imports nothing of the sidecar except"),
     ("layers", {"sidecar/bench/run.py": "import grpc\n"},
-     "sidecar/bench/run.py: imports grpc, which only sidecar/wire and sidecar/client may import"),
-    ("layers", {"sidecar/bench/run.py": "from sidecar.pb.contextsidecar.v1 import sidecar_pb2\n"},
-     "sidecar/bench/run.py: imports sidecar.pb.contextsidecar.v1, which only sidecar/wire and sidecar/client"),
+     "sidecar/bench/run.py: imports grpc, which only sidecar/wire and the client may import"),
+    ("layers", {"sidecar/bench/run.py": "from context_sidecar_client.v1 import sidecar_pb2\n"},
+     "sidecar/bench/run.py: imports context_sidecar_client.v1, which only sidecar/wire and the client"),
     ("layers", {"sidecar/wire/server.py": "from sidecar.bench.workload import Sizes\n"},
      "sidecar/wire/server.py: imports sidecar.bench.workload, but nothing of the sidecar imports sidecar/bench"),
-    ("layers", {"sidecar/client/sync.py": "from sidecar.bench import report\n"},
-     "sidecar/client/sync.py: imports sidecar.bench, but sidecar/client imports nothing of the sidecar except"),
+    ("layers", {"clients/python/context_sidecar_client/sync.py": "from sidecar.bench import report\n"},
+     "clients/python/context_sidecar_client/sync.py: imports sidecar.bench, but the client imports nothing of"),
     ("layers", {"sidecar/transcript/log.py": "from sidecar.wire import status\n"},
      "sidecar/transcript/log.py: imports sidecar.wire, but the area layer may not import the wire layer"),
     ("layers", {"sidecar/tenant_events/log.py": "import sidecar.cli\n"}, "the area layer may not import the entry"),
@@ -758,15 +773,15 @@ BREAKS = [
     ("layers", {"sidecar/telemetry/logs.py": "from sidecar.validation import check_id\n"},
      "sidecar/telemetry/logs.py: imports sidecar.validation, but sidecar/telemetry imports nothing"),
     ("layers", {"sidecar/telemetry/logs.py": "import grpc\n"},
-     "sidecar/telemetry/logs.py: imports grpc, which only sidecar/wire and sidecar/client may import"),
+     "sidecar/telemetry/logs.py: imports grpc, which only sidecar/wire and the client may import"),
     ("layers", {"sidecar/telemetry/metrics.py": "from sidecar.storage.environment import Store\n"},
      "sidecar/telemetry/metrics.py: imports sidecar.storage.environment, but sidecar/telemetry imports nothing of"),
     ("layers", {"sidecar/telemetry/metrics.py": "from ..validation import check_id\n"},
      "sidecar/telemetry/metrics.py: imports sidecar.validation, but sidecar/telemetry imports nothing of the"),
     ("layers", {"sidecar/telemetry/tracing.py": "import grpc\n"},
-     "sidecar/telemetry/tracing.py: imports grpc, which only sidecar/wire and sidecar/client may import"),
-    ("layers", {"sidecar/client/sync.py": "from sidecar.telemetry import metrics\n"},
-     "sidecar/client/sync.py: imports sidecar.telemetry, but sidecar/client imports nothing of the sidecar"),
+     "sidecar/telemetry/tracing.py: imports grpc, which only sidecar/wire and the client may import"),
+    ("layers", {"sidecar/telemetry/metrics.py": "from context_sidecar_client import Client\n"},
+     "sidecar/telemetry/metrics.py: imports context_sidecar_client, but nothing of the sidecar imports the client"),
     # a2. the areas' order
     ("area order", {"sidecar/context_window/state.py": "from sidecar.transcript.schema import window_at\n"},
      "sidecar/context_window/state.py: imports sidecar.transcript.schema, but the area context_window imports only "
@@ -869,13 +884,18 @@ def test_a_tree_that_breaks_a_rule_has_it_reported(tmp_path: Path, rule: str, fi
 # The generated stubs and the stored format.
 
 def test_committed_stubs_are_what_the_protos_generate(tmp_path: Path) -> None:
-    """All of sidecar/pb: the stubs, the shipped copies of the contract, the descriptors with comments."""
+    """All of sidecar/pb (the storage stubs, the shipped copies of the contract, the descriptors with
+    comments) and all the client's generated modules (the API stubs, its wire messages, fields.py)."""
     subprocess.run([sys.executable, str(ROOT / "scripts" / "generate_stubs.py"), "--out", str(tmp_path)], check=True)
     generated = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
     assert {Path("sidecar/pb", name) for name in ("contextsidecar/v1/sidecar.proto", "google/rpc/status.proto",
                                                   "google/rpc/error_details.proto",
                                                   "contextsidecar/v1/sidecar_descriptors.binpb")} <= set(generated)
-    committed = sorted(p.relative_to(ROOT) for p in (ROOT / "sidecar" / "pb").rglob("*")
+    client = ROOT / "clients" / "python" / CLIENT
+    assert {client / name for name in ("v1/sidecar_pb2.py", "v1/sidecar_pb2_grpc.py", "wire_pb2.py", "fields.py")
+            } <= {ROOT / name for name in generated}
+    committed = sorted(p.relative_to(ROOT) for p in [*(ROOT / "sidecar" / "pb").rglob("*"), *client.rglob("*_pb2*"),
+                                                     client / "fields.py"]
                        if p.is_file() and p.name != "__init__.py" and "__pycache__" not in p.parts)
     assert generated == committed
     for relative in generated:

@@ -12,9 +12,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from context_sidecar_client.v1 import sidecar_pb2 as pb
 
 from sidecar.caching import DECLARED, ENTRY_BYTES, Cache, Caches, CacheSpec, cache_of, deep_bytes, text_bytes
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from tests.helpers import ROOT, Sidecar
 
 SPEC = CacheSpec("test", key="a name", valid="the test says so", max_bytes=1000 + 2 * ENTRY_BYTES, max_entries=3)

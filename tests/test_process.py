@@ -16,9 +16,9 @@ from pathlib import Path
 
 import grpc
 import pytest
+from context_sidecar_client.v1 import sidecar_pb2 as pb
 from grpc_health.v1 import health_pb2
 
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.text.encodings import bundled_dir
 from tests.helpers import READY, ROOT, Sidecar, run_cli
 

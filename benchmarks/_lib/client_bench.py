@@ -1,4 +1,4 @@
-"""The clients' common bench protocol, through sidecar.client: what one call costs a host.
+"""The clients' common bench protocol, through context_sidecar_client: what one call costs a host.
 
 Every client (Python here, clients/node/bench.js, clients/go's cmd/bench, clients/java's Bench)
 runs the same program against a sidecar that is already running, so one run of
@@ -16,7 +16,7 @@ runs the same program against a sidecar that is already running, so one run of
 
 Re-running against the same sidecar is fine: the run is confirmed and the events answer
 already_recorded. ``--stubs`` reports the same calls through the generated stubs instead, with
-requests built once (client "python-stubs"), and times sidecar.client's in the same rounds, in a
+requests built once (client "python-stubs"), and times context_sidecar_client's in the same rounds, in a
 rotating order (``client_health_p50_us``, ``client_assemble_p50_us``): the difference is what the
 client itself costs, free of the drift between two runs.
 
@@ -31,13 +31,13 @@ import time
 from collections.abc import Callable
 
 import grpc
+from context_sidecar_client import Client
+from context_sidecar_client.v1 import sidecar_pb2 as pb
+from context_sidecar_client.v1 import sidecar_pb2_grpc as pb_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from benchmarks._lib.harness import interleaved
 from sidecar.bench.report import percentile
-from sidecar.client import Client
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
 
 WORDS = ("refund policy kettle order shipping invoice customer damaged clause days warranty receipt the a "
          "within agent reads file calls tool search summary token cache").split()
@@ -71,7 +71,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", required=True, help="the sidecar's address, HOST:PORT")
     parser.add_argument("--rounds", type=int, default=300)
-    parser.add_argument("--stubs", action="store_true", help="time the generated stubs, not sidecar.client")
+    parser.add_argument("--stubs", action="store_true", help="time the generated stubs, not context_sidecar_client")
     args = parser.parse_args()
     name = "python-stubs" if args.stubs else "python"
     run_id, last = f"bench-{name}", (EVENTS - 1) // PER_TURN + 1

@@ -36,9 +36,9 @@ from typing import Any
 
 import grpc
 import lmdb
+from context_sidecar_client.v1 import sidecar_pb2 as pb
 from grpc_health.v1 import health, health_pb2_grpc
 
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.text.encodings import load_encoding
 from sidecar.wire.server import SERVICE_NAME
 

@@ -15,11 +15,11 @@ from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import grpc
+from context_sidecar_client.v1 import sidecar_pb2 as pb
+from context_sidecar_client.v1 import sidecar_pb2_grpc as pb_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from benchmarks._lib import corpus
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
 
 BUDGET = 32000
 RUN = "run"

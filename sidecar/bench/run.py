@@ -1,7 +1,7 @@
 """Drives a running sidecar with synthetic agent turns and times every call, as a host sees it.
 
 Each run opens a run on the sidecar and plays its turns one after the other; ``concurrency``
-threads play runs at once, over one shared ``sidecar.client.Client`` (one channel, as a host
+threads play runs at once, over one shared ``context_sidecar_client.Client`` (one channel, as a host
 process has). A turn is one AssembleContext that appends the turn's events (the previous turn's
 answer, then the user's message, the tool call and its result) under the run's budget, and one
 health Check beside it, in alternating order, so the floor is measured under the same load, on
@@ -22,8 +22,9 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
-from sidecar.bench.workload import Sizes, agent_turns
-from sidecar.client import Client, SidecarCallError
+from context_sidecar_client import Client, SidecarCallError
+
+from sidecar.bench.workload import Event, Sizes, agent_turns
 
 HEALTH, ASSEMBLE = "Health/Check", "AssembleContext"
 RPCS = (HEALTH, ASSEMBLE)
@@ -136,7 +137,7 @@ class Driver:
         with self._lock:
             self.opened.append(run_id)
         source = agent_turns(f"{'warmup' if outcome is None else 'run'}/{settings.seed}/{run}", settings.result_tokens)
-        answer: dict[str, Any] | None = None  # the previous turn's answer, sent with this turn's events
+        answer: Event | None = None  # the previous turn's answer, sent with this turn's events
         render = "" if settings.render == "none" else settings.render
         for index in range(turns):
             if self.stop.is_set():

@@ -28,6 +28,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from context_sidecar_client import fields
+
 # The four events of a turn, in order: (role, type).
 TURN_SHAPE = (("user", "message"), ("assistant", "tool_call"), ("tool", "tool_result"), ("assistant", "message"))
 EVENTS_PER_TURN = len(TURN_SHAPE)
@@ -494,7 +496,7 @@ CHARS_PER_TOKEN = {"prose": 4.9, "code": 4.6, "json": 3.2, "listing": 2.55}
 # ---------------------------------------------------------------------------------------------
 # Turns.
 
-Event = dict[str, Any]  # an Event message's fields, as sidecar.client takes them
+Event = fields.Event  # an Event message's fields, as the client takes them
 
 
 class Turn(NamedTuple):

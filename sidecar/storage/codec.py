@@ -11,7 +11,7 @@
 - Run and window records are read once per call and stay JSON, readable with ``mdb_dump``.
 
 Storage uses protobuf only as a serialization format, through its own storage proto; the API
-types in ``sidecar.pb.contextsidecar.v1`` stay the wire layer's alone.
+types in ``context_sidecar_client.v1`` stay the wire layer's alone.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from context_sidecar_client.v1 import sidecar_pb2 as pb
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from sidecar.context_window.profiles import (
@@ -20,7 +21,6 @@ from sidecar.context_window.profiles import (
 )
 from sidecar.context_window.sections import CacheReport, Section
 from sidecar.context_window.state import Usage
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.storage.codec import StoredEvent
 from sidecar.tenant_events.log import Event
 from sidecar.transcript.transcripts import (

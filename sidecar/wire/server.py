@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from context_sidecar_client.v1 import sidecar_pb2 as pb
 from google.protobuf import descriptor_pb2, descriptor_pool, text_format
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2
@@ -34,7 +35,6 @@ from sidecar.context_window.state import StateSchemas
 from sidecar.errors import SharedStoreUnavailable, SidecarError
 from sidecar.memory.api import Memories
 from sidecar.memory.compaction import BackgroundJob, Compactor
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.settings import ConfigError, Settings
 from sidecar.storage.environment import Store
 from sidecar.storage.shared import SharedStore
@@ -57,7 +57,7 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ContextSidecar"].full_name
 REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
 # The API's FileDescriptorSet and google/rpc's (so a reflection client decodes error details),
 # imports and source comments included (scripts/generate_stubs.py).
-DESCRIPTORS = resources.files(pb.__package__).joinpath("sidecar_descriptors.binpb")
+DESCRIPTORS = resources.files("sidecar.pb.contextsidecar.v1").joinpath("sidecar_descriptors.binpb")
 
 
 @dataclass

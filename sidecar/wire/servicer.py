@@ -12,13 +12,13 @@ import logging
 from collections.abc import Callable, Iterator
 
 import grpc
+from context_sidecar_client.v1 import sidecar_pb2 as pb
+from context_sidecar_client.v1 import sidecar_pb2_grpc as pb_grpc
 from google.protobuf import message
 
 from sidecar.errors import CompactionDisabled
 from sidecar.memory.api import ListRequest, Memories
 from sidecar.memory.compaction import Compactor
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
 from sidecar.tenant_events.log import TenantEventLog
 from sidecar.text.redaction import Redactor
 from sidecar.transcript.transcripts import SummaryRequest, Transcripts

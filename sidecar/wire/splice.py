@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from typing import NewType
 
+from context_sidecar_client.v1 import sidecar_pb2 as pb
 from google.protobuf import descriptor_pb2, descriptor_pool, message, message_factory
 
 from sidecar.memory.api import MemoryList
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.transcript.transcripts import AppendResult, AssembledContext
 from sidecar.wire import messages
 

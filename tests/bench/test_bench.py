@@ -19,8 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from context_sidecar_client import Client, SidecarCallError
 
-from sidecar.client import Client, SidecarCallError
 from tests.helpers import Sidecar, run_cli
 
 ROWS = re.compile(r"^(Health/Check|AssembleContext)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)x",

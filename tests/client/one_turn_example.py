@@ -3,7 +3,7 @@
 
 import os
 
-from sidecar.client import Client, SidecarCallError
+from context_sidecar_client import Client, SidecarCallError
 
 with Client(os.environ.get("SIDECAR_ADDRESS", "127.0.0.1:50051"), token=os.environ.get("SIDECAR_TOKEN")) as sidecar:
     sidecar.open_run(run_id="run-1", token_counter="o200k_base", transcript_token_budget=8000)
@@ -20,5 +20,5 @@ with Client(os.environ.get("SIDECAR_ADDRESS", "127.0.0.1:50051"), token=os.envir
         sidecar.append_events(run_id="run-1", events=[{"role": "user"}])
     except SidecarCallError as error:
         print(error.code.name, error.reason)
-        for field, description in error.fields:
+        for field, description in error.field_violations:
             print(field, description)

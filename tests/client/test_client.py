@@ -1,4 +1,4 @@
-"""sidecar.client against a real sidecar process, as a host uses it: a 30-turn host loop with
+"""context_sidecar_client against a real sidecar process, as a host uses it: a 30-turn host loop with
 tool calls (parallel ones too) and several runs at once, every count recounted with CountTokens;
 a budgeted ListMemory held to the whole-entry rule; RecordSummary when compaction is due; bad
 input decoded into code, reason, fields and metadata; retries of UNAVAILABLE for the calls that
@@ -21,11 +21,11 @@ from typing import Any, get_type_hints
 
 import grpc
 import pytest
+from context_sidecar_client import Client, SidecarCallError
+from context_sidecar_client.aio import AsyncClient
+from context_sidecar_client.calls import IDEMPOTENT, IDEMPOTENT_WHEN, REQUESTS
+from context_sidecar_client.v1 import sidecar_pb2 as pb
 
-from sidecar.client import Client, SidecarCallError
-from sidecar.client.aio import AsyncClient
-from sidecar.client.calls import IDEMPOTENT, IDEMPOTENT_WHEN, REQUESTS
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from tests.helpers import TOKENS, Sidecar
 
 COUNTER = "o200k_base"
@@ -220,8 +220,8 @@ def test_bad_input_comes_back_as_code_reason_and_field(sidecar: Sidecar, client:
     error = raised.value
     assert (error.code, error.reason, error.method) == (grpc.StatusCode.INVALID_ARGUMENT, "validation_error",
                                                         "AppendEvents")
-    assert [field for field, _ in error.fields] == ["events[1].iteration"]
-    assert "never decrease" in error.fields[0][1] and "events[1].iteration" in str(error)
+    assert [field for field, _ in error.field_violations] == ["events[1].iteration"]
+    assert "never decrease" in error.field_violations[0][1] and "events[1].iteration" in str(error)
 
     with pytest.raises(SidecarCallError) as raised:
         client.assemble_context(run_id="bad", iteration=4, append_events=[
@@ -230,7 +230,7 @@ def test_bad_input_comes_back_as_code_reason_and_field(sidecar: Sidecar, client:
         grpc.StatusCode.FAILED_PRECONDITION, "transcript_window_exceeded",
         {"events_needed": "3", "transcript_window": "2"})
 
-    with caplog.at_level(logging.WARNING, logger="sidecar.client"), pytest.raises(SidecarCallError) as raised:
+    with caplog.at_level(logging.WARNING, logger="context_sidecar_client"), pytest.raises(SidecarCallError) as raised:
         client.get_transcript_window(run_id="bad", iteration=9)
     assert (raised.value.code, raised.value.reason) == (grpc.StatusCode.NOT_FOUND, "not_found")
     assert caplog.records == []  # a call safe to repeat is retried on UNAVAILABLE only
@@ -257,7 +257,7 @@ def test_the_asyncio_client_decodes_errors_too(sidecar: Sidecar) -> None:
         raise AssertionError("the call succeeded")
 
     error = asyncio.run(main())
-    assert (error.code, error.reason, [field for field, _ in error.fields]) == (
+    assert (error.code, error.reason, [field for field, _ in error.field_violations]) == (
         grpc.StatusCode.INVALID_ARGUMENT, "validation_error", ["append_events[1].iteration"])
 
 
@@ -310,7 +310,7 @@ class StartOnRetry(logging.Handler):
 @pytest.fixture
 def retries(tmp_path: Path) -> Iterator[StartOnRetry]:
     handler = StartOnRetry(tmp_path, free_port())
-    logger = logging.getLogger("sidecar.client")
+    logger = logging.getLogger("context_sidecar_client")
     logger.addHandler(handler)
     yield handler
     logger.removeHandler(handler)

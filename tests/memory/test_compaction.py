@@ -12,11 +12,11 @@ from pathlib import Path
 import grpc
 import jsonschema
 import pytest
+from context_sidecar_client.v1 import sidecar_pb2 as pb
 
 from sidecar.errors import WatchFellBehind
 from sidecar.memory.api import Memories
 from sidecar.memory.compaction import Compactor, distil
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.settings import MemoryCompactionSettings, MemorySettings
 from sidecar.storage.environment import Store
 from sidecar.tenant_events.log import TenantEventLog

@@ -20,10 +20,10 @@ import random
 from dataclasses import dataclass, field
 
 import grpc
+from context_sidecar_client.v1 import sidecar_pb2 as pb
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from tests.helpers import rich_error
 from tests.specification.model import SIDECAR_TYPES, Refusal, RunModel, Window
 from tests.specification.properties import SUMMARY_TYPE, check_seam, check_window, same_window

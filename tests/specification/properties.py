@@ -5,7 +5,8 @@ AssertionError naming the rule."""
 
 from __future__ import annotations
 
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
+from context_sidecar_client.v1 import sidecar_pb2 as pb
+
 from tests.specification.model import (
     CLEARED_PLACEHOLDER,
     MARKER_WORD,

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+from context_sidecar_client.v1 import sidecar_pb2_grpc as pb_grpc
 
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
 from sidecar.settings import ClearingSettings, ContextSettings, ServerSettings, Settings, StorageSettings
 from sidecar.storage.environment import Store
 from sidecar.storage.shared import SharedStore

@@ -9,8 +9,8 @@ import re
 from pathlib import Path
 
 import lmdb
+from context_sidecar_client.v1 import sidecar_pb2 as pb
 
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.storage.databases import AREAS, DATABASES, STORAGE_DATABASES
 from sidecar.storage.environment import Store
 

@@ -16,10 +16,10 @@ from typing import Any
 import grpc
 import psycopg
 import pytest
+from context_sidecar_client.v1 import sidecar_pb2 as pb
 from grpc_health.v1 import health_pb2
 
 from sidecar.errors import WriteConflict
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.storage.environment import CONFLICT_ATTEMPTS, Store
 from sidecar.storage.shared import SharedStore, VersionConflict
 from tests.helpers import Postgres, Sidecar, all_events, rich_error, seam

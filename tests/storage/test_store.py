@@ -227,8 +227,7 @@ def test_a_full_store_still_deletes_and_then_takes_writes_again(start_server) ->
     """Writes are refused a little before the ceiling so that a delete, which needs a few pages
     to free many, always has them: a full store can be emptied through the API."""
     import grpc
-
-    from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
+    from context_sidecar_client.v1 import sidecar_pb2 as pb
 
     sidecar = start_server(storage={"map_size": 1 << 20, "max_map_size": 2 << 20})
     stub = sidecar.stub

@@ -23,11 +23,11 @@ from pathlib import Path
 
 import grpc
 import pytest
+from context_sidecar_client.v1 import sidecar_pb2 as pb
 
 from sidecar.context_window.policy import Policy, TriggerInput
 from sidecar.errors import PluginFailed, StoreFull
 from sidecar.memory.compaction import BackgroundJob, Compactor
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.telemetry import logs
 from sidecar.wire.status import answers_errors
 from tests.helpers import DETECTED, Sidecar, rich_error

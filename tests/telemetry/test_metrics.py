@@ -18,12 +18,12 @@ from pathlib import Path
 import grpc
 import lmdb
 import pytest
+from context_sidecar_client.v1 import sidecar_pb2 as pb
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar.caching import DECLARED
 from sidecar.memory.compaction import BackgroundJob
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.storage.environment import Store
 from sidecar.telemetry import metrics
 from sidecar.telemetry.metrics import Metrics

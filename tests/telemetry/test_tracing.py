@@ -16,6 +16,8 @@ from pathlib import Path
 
 import grpc
 import pytest
+from context_sidecar_client.v1 import sidecar_pb2 as pb
+from context_sidecar_client.v1 import sidecar_pb2_grpc as pb_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -23,8 +25,6 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
 from sidecar.settings import ContextSettings, ServerSettings, Settings, StorageSettings, TracingSettings
 from sidecar.storage.environment import Store
 from sidecar.telemetry import tracing
@@ -211,7 +211,7 @@ def test_with_tracing_off_nothing_of_opentelemetry_is_imported(tmp_path: Path) -
     script = textwrap.dedent(f"""
         import sys
         import grpc
-        from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb, sidecar_pb2_grpc as pb_grpc
+        from context_sidecar_client.v1 import sidecar_pb2 as pb, sidecar_pb2_grpc as pb_grpc
         from sidecar.settings import load_settings
         from sidecar.wire import server as server_module
         settings = load_settings(None, env={{}}, overrides={{("server", "listen"): "127.0.0.1:0",

@@ -5,8 +5,8 @@ second block."""
 from __future__ import annotations
 
 from confusable_homoglyphs.confusables import confusables_data
+from context_sidecar_client.v1 import sidecar_pb2 as pb
 
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.text.fencing import MARKER
 from tests.helpers import CLOSE, KEY, OPEN, ev, read_as
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from context_sidecar_client.v1 import sidecar_pb2 as pb
 
 from sidecar.caching import Caches
 from sidecar.errors import ValidationError
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.text.redaction import SECRET_MATCHERS, Redactor, redact_json_text
 from tests.helpers import DETECTED, TOKENS, Tenant
 

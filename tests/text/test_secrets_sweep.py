@@ -14,8 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import grpc
+from context_sidecar_client.v1 import sidecar_pb2 as pb
 
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from tests.helpers import DETECTED, TOKENS, Tenant, call_error
 
 RUN = "r"

@@ -6,8 +6,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from context_sidecar_client.v1 import sidecar_pb2 as pb
 
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.text.fencing import fence
 from tests.helpers import tool_turn
 

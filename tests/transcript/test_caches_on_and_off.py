@@ -17,8 +17,8 @@ from pathlib import Path
 import grpc
 import lmdb
 import pytest
+from context_sidecar_client.v1 import sidecar_pb2 as pb
 
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.storage.databases import AREAS
 from tests.helpers import Sidecar, open_full, tool_turn
 

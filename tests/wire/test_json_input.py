@@ -9,8 +9,8 @@ import json
 
 import grpc
 import pytest
+from context_sidecar_client.v1 import sidecar_pb2 as pb
 
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from tests.helpers import call_error, ev
 
 REFUSED = (grpc.StatusCode.INVALID_ARGUMENT, "validation_error")

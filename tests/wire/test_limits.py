@@ -10,10 +10,10 @@ import threading
 
 import grpc
 import pytest
+from context_sidecar_client.v1 import sidecar_pb2 as pb
+from context_sidecar_client.v1 import sidecar_pb2_grpc as pb_grpc
 
 from sidecar.errors import ValidationError
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
 from sidecar.settings import ContextSettings
 from sidecar.text.encodings import load_encoding
 from sidecar.validation import MAX_PAGE_BYTES, MAX_UNBROKEN_RUN

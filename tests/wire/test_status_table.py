@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import grpc
 import pytest
+from context_sidecar_client.v1 import sidecar_pb2 as pb
 
 from sidecar import errors
 from sidecar.errors import SidecarError
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
 from tests.helpers import call_error, rich_error
 
 # Written out here, apart from the code: a new error class fails this test until someone

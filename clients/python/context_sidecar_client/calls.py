@@ -1,8 +1,5 @@
-"""What the blocking and the asyncio client share: the error a failed call raises, which calls
-may be retried, the pause between attempts, the call metadata.
-
-Only this package, beside sidecar/wire, imports grpc and the API stubs; it imports nothing else
-of the sidecar, so a host that imports it loads none of the server's code (LMDB, tiktoken).
+"""What the blocking and the asyncio client share: which calls may be retried, the pause
+between attempts, the call metadata, the health Check's method (errors.py: what a failed call raises).
 """
 
 from __future__ import annotations
@@ -14,11 +11,11 @@ from typing import Any
 
 import grpc
 from google.protobuf.message import Message
-from google.rpc import error_details_pb2, status_pb2
 
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
+from context_sidecar_client import wire_pb2
+from context_sidecar_client.v1 import sidecar_pb2 as pb
 
-log = logging.getLogger("sidecar.client")
+log = logging.getLogger("context_sidecar_client")
 
 # Each RPC's request message, from the service's descriptor: a method passes the RPC's name and
 # its keyword arguments, and cannot build another RPC's request.
@@ -81,34 +78,11 @@ def call_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {token}"),)
 
 
-class SidecarCallError(Exception):
-    """A call the sidecar (or the channel) refused. ``code`` is the gRPC status; ``reason`` the
-    sidecar's machine code (google.rpc.ErrorInfo.reason: "validation_error", "not_found", ...;
-    empty when the call never reached the sidecar); ``fields`` each bad field with what is wrong
-    with it (google.rpc.BadRequest: ``("append_events[2].iteration", "is 1, ...")``);
-    ``metadata`` the ErrorInfo metadata (``{"events_needed": "3"}``); ``method`` the RPC."""
-
-    def __init__(self, method: str, code: grpc.StatusCode, message: str, reason: str = "",
-                 fields: list[tuple[str, str]] | None = None, metadata: dict[str, str] | None = None) -> None:
-        super().__init__(f"{method}: {code.name}{f' ({reason})' if reason else ''}: {message}")
-        self.method, self.code, self.message, self.reason = method, code, message, reason
-        self.fields = fields or []
-        self.metadata = metadata or {}
+# grpc.health.v1.Health/Check, with the client's own copies of its two messages (wire.proto).
+HEALTH_CHECK = "/grpc.health.v1.Health/Check"
 
 
-def call_error(method: str, error: grpc.RpcError) -> SidecarCallError:
-    """The rich status of a failed call (its grpc-status-details-bin trailer) decoded."""
-    reason, fields, metadata = "", [], {}
-    trailers: Any = error.trailing_metadata() or ()  # (key, value) pairs, whatever the stubs say
-    for key, value in trailers:
-        if key == "grpc-status-details-bin" and isinstance(value, bytes):
-            for detail in status_pb2.Status.FromString(value).details:
-                if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-                    info = error_details_pb2.ErrorInfo()
-                    detail.Unpack(info)
-                    reason, metadata = info.reason, dict(info.metadata)
-                elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
-                    bad = error_details_pb2.BadRequest()
-                    detail.Unpack(bad)
-                    fields = [(v.field, v.description) for v in bad.field_violations]
-    return SidecarCallError(method, error.code(), error.details() or "", reason, fields, metadata)
+def health_check(channel: grpc.Channel | grpc.aio.Channel) -> Any:
+    """The health Check as a callable of the channel, like a generated stub's method."""
+    return channel.unary_unary(HEALTH_CHECK, request_serializer=wire_pb2.HealthCheckRequest.SerializeToString,
+                               response_deserializer=wire_pb2.HealthCheckResponse.FromString)

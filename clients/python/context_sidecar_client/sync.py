@@ -1,27 +1,29 @@
-"""The blocking client: ``sidecar.client.Client`` (the package's docstring says how to use it)."""
+"""The blocking client: ``context_sidecar_client.Client`` (the package's docstring says how to use it)."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from types import TracebackType
-from typing import Any
+from typing import Any, Unpack
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from sidecar.client.calls import (
+from context_sidecar_client import fields as messages
+from context_sidecar_client import wire_pb2
+from context_sidecar_client.calls import (
     CHANNEL_OPTIONS,
     DEFAULT_RETRIES,
     DEFAULT_TIMEOUT,
     REQUESTS,
-    call_error,
     call_metadata,
+    health_check,
     pause_before_retry,
     retryable,
 )
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2 as pb
-from sidecar.pb.contextsidecar.v1 import sidecar_pb2_grpc as pb_grpc
+from context_sidecar_client.errors import call_error
+from context_sidecar_client.v1 import sidecar_pb2 as pb
+from context_sidecar_client.v1 import sidecar_pb2_grpc as pb_grpc
 
 __all__ = ["Client", "Watch"]
 
@@ -38,7 +40,7 @@ class Client:
         self._timeout, self._retries = timeout, retries
         self._channel = grpc.insecure_channel(target, options=[*CHANNEL_OPTIONS, *channel_options])
         self._stub = pb_grpc.ContextSidecarStub(self._channel)
-        self._health = health_pb2_grpc.HealthStub(self._channel)
+        self._health_check = health_check(self._channel)
 
     def close(self) -> None:
         self._channel.close()
@@ -67,100 +69,119 @@ class Client:
                     raise call_error(method, error) from error
                 time.sleep(pause)
 
-    def _call(self, rpc: str, fields: dict[str, Any], timeout: float | None) -> Any:
+    def _call(self, rpc: str, fields: Mapping[str, Any], timeout: float | None) -> Any:
         return self._invoke(rpc, getattr(self._stub, rpc), REQUESTS[rpc](**fields), timeout)
 
-    def check_health(self, *, service: str = "", timeout: float | None = None) -> health_pb2.HealthCheckResponse:
+    def check_health(self, *, service: str = "", timeout: float | None = None) -> wire_pb2.HealthCheckResponse:
         """grpc.health.v1.Health/Check: SERVING once the sidecar accepts calls."""
-        return self._invoke("Health/Check", self._health.Check, health_pb2.HealthCheckRequest(service=service),
+        return self._invoke("Health/Check", self._health_check, wire_pb2.HealthCheckRequest(service=service),
                             timeout)
 
     # The transcript.
 
-    def open_run(self, *, timeout: float | None = None, **fields: Any) -> pb.OpenRunResponse:
+    def open_run(self, *, timeout: float | None = None,
+                 **fields: Unpack[messages.OpenRunRequest]) -> pb.OpenRunResponse:
         """Create a run, or confirm an existing one (every field given must equal the run's)."""
         return self._call("OpenRun", fields, timeout)
 
-    def append_events(self, *, timeout: float | None = None, **fields: Any) -> pb.AppendEventsResponse:
+    def append_events(self, *, timeout: float | None = None,
+                      **fields: Unpack[messages.AppendEventsRequest]) -> pb.AppendEventsResponse:
         """Append events in one transaction; a re-sent event answers already_recorded."""
         return self._call("AppendEvents", fields, timeout)
 
-    def list_run_events(self, *, timeout: float | None = None, **fields: Any) -> pb.ListRunEventsResponse:
+    def list_run_events(self, *, timeout: float | None = None,
+                        **fields: Unpack[messages.ListRunEventsRequest]) -> pb.ListRunEventsResponse:
         """A page of the stored events with their token counts."""
         return self._call("ListRunEvents", fields, timeout)
 
-    def assemble_context(self, *, timeout: float | None = None, **fields: Any) -> pb.AssembleContextResponse:
+    def assemble_context(self, *, timeout: float | None = None,
+                         **fields: Unpack[messages.AssembleContextRequest]) -> pb.AssembleContextResponse:
         """The per-turn call: append the turn's events, answer its window under the budget."""
         return self._call("AssembleContext", fields, timeout)
 
     def get_transcript_window(self, *, timeout: float | None = None,
-                              **fields: Any) -> pb.GetTranscriptWindowResponse:
+                              **fields: Unpack[messages.GetTranscriptWindowRequest]) -> pb.GetTranscriptWindowResponse:
         """What AssembleContext fed for an iteration."""
         return self._call("GetTranscriptWindow", fields, timeout)
 
-    def count_tokens(self, *, timeout: float | None = None, **fields: Any) -> pb.CountTokensResponse:
+    def count_tokens(self, *, timeout: float | None = None,
+                     **fields: Unpack[messages.CountTokensRequest]) -> pb.CountTokensResponse:
         """Count texts in a token counter."""
         return self._call("CountTokens", fields, timeout)
 
-    def get_capabilities(self, *, timeout: float | None = None, **fields: Any) -> pb.GetCapabilitiesResponse:
+    def get_capabilities(self, *, timeout: float | None = None,
+                         **fields: Unpack[messages.GetCapabilitiesRequest]) -> pb.GetCapabilitiesResponse:
         """The capability document (JSON)."""
         return self._call("GetCapabilities", fields, timeout)
 
-    def record_summary(self, *, timeout: float | None = None, **fields: Any) -> pb.RecordSummaryResponse:
+    def record_summary(self, *, timeout: float | None = None,
+                       **fields: Unpack[messages.RecordSummaryRequest]) -> pb.RecordSummaryResponse:
         """Record the host's summary of the oldest unsummarised turns (compaction.due)."""
         return self._call("RecordSummary", fields, timeout)
 
-    def get_artifact(self, *, timeout: float | None = None, **fields: Any) -> pb.GetArtifactResponse:
+    def get_artifact(self, *, timeout: float | None = None,
+                     **fields: Unpack[messages.GetArtifactRequest]) -> pb.GetArtifactResponse:
         """A summary's text."""
         return self._call("GetArtifact", fields, timeout)
 
-    def delete_artifact(self, *, timeout: float | None = None, **fields: Any) -> pb.DeleteArtifactResponse:
+    def delete_artifact(self, *, timeout: float | None = None,
+                        **fields: Unpack[messages.DeleteArtifactRequest]) -> pb.DeleteArtifactResponse:
         """Delete a summary's text (not retried)."""
         return self._call("DeleteArtifact", fields, timeout)
 
-    def fork_run(self, *, timeout: float | None = None, **fields: Any) -> pb.ForkRunResponse:
+    def fork_run(self, *, timeout: float | None = None,
+                 **fields: Unpack[messages.ForkRunRequest]) -> pb.ForkRunResponse:
         """A replay or branch fork of a run from a seq."""
         return self._call("ForkRun", fields, timeout)
 
-    def delete_run(self, *, timeout: float | None = None, **fields: Any) -> pb.DeleteRunResponse:
+    def delete_run(self, *, timeout: float | None = None,
+                   **fields: Unpack[messages.DeleteRunRequest]) -> pb.DeleteRunResponse:
         """Remove a run and all it holds (not retried)."""
         return self._call("DeleteRun", fields, timeout)
 
     # Memory.
 
-    def put_memory(self, *, timeout: float | None = None, **fields: Any) -> pb.PutMemoryResponse:
+    def put_memory(self, *, timeout: float | None = None,
+                   **fields: Unpack[messages.PutMemoryRequest]) -> pb.PutMemoryResponse:
         """Store a memory entry (retried only with an entry_id)."""
         return self._call("PutMemory", fields, timeout)
 
-    def get_memory(self, *, timeout: float | None = None, **fields: Any) -> pb.MemoryEntry:
+    def get_memory(self, *, timeout: float | None = None,
+                   **fields: Unpack[messages.GetMemoryRequest]) -> pb.MemoryEntry:
         """One memory entry."""
         return self._call("GetMemory", fields, timeout)
 
-    def delete_memory(self, *, timeout: float | None = None, **fields: Any) -> pb.DeleteMemoryResponse:
+    def delete_memory(self, *, timeout: float | None = None,
+                      **fields: Unpack[messages.DeleteMemoryRequest]) -> pb.DeleteMemoryResponse:
         """Delete a memory entry (not retried)."""
         return self._call("DeleteMemory", fields, timeout)
 
-    def list_memory(self, *, timeout: float | None = None, **fields: Any) -> pb.ListMemoryResponse:
+    def list_memory(self, *, timeout: float | None = None,
+                    **fields: Unpack[messages.ListMemoryRequest]) -> pb.ListMemoryResponse:
         """A token-bounded prefix of the entries ranked by recency or relevance; whole entries only."""
         return self._call("ListMemory", fields, timeout)
 
-    def register_secrets(self, *, timeout: float | None = None, **fields: Any) -> pb.RegisterSecretsResponse:
+    def register_secrets(self, *, timeout: float | None = None,
+                         **fields: Unpack[messages.RegisterSecretsRequest]) -> pb.RegisterSecretsResponse:
         """Secrets to redact from everything written afterwards."""
         return self._call("RegisterSecrets", fields, timeout)
 
-    def forget_secrets(self, *, timeout: float | None = None, **fields: Any) -> pb.ForgetSecretsResponse:
+    def forget_secrets(self, *, timeout: float | None = None,
+                       **fields: Unpack[messages.ForgetSecretsRequest]) -> pb.ForgetSecretsResponse:
         """Forget registered secrets."""
         return self._call("ForgetSecrets", fields, timeout)
 
-    def compact_memory(self, *, timeout: float | None = None, **fields: Any) -> pb.CompactMemoryResponse:
+    def compact_memory(self, *, timeout: float | None = None,
+                       **fields: Unpack[messages.CompactMemoryRequest]) -> pb.CompactMemoryResponse:
         """Distil memory entries into one (retried only with source_ids)."""
         return self._call("CompactMemory", fields, timeout)
 
-    def list_memory_events(self, *, timeout: float | None = None, **fields: Any) -> pb.ListMemoryEventsResponse:
+    def list_memory_events(self, *, timeout: float | None = None,
+                           **fields: Unpack[messages.ListMemoryEventsRequest]) -> pb.ListMemoryEventsResponse:
         """The tenant's kept events (memory.compacted) after a seq."""
         return self._call("ListMemoryEvents", fields, timeout)
 
-    def watch_events(self, *, timeout: float | None = None, **fields: Any) -> Watch:
+    def watch_events(self, *, timeout: float | None = None, **fields: Unpack[messages.WatchEventsRequest]) -> Watch:
         """The tenant's new events, live. Returns once the watch is registered, so every event
         committed afterwards is delivered; runs until ``cancel()`` (no deadline unless given)."""
         call = self._stub.WatchEvents(REQUESTS["WatchEvents"](**fields), timeout=timeout, metadata=self._metadata)
@@ -169,36 +190,42 @@ class Client:
 
     # The context window.
 
-    def update_profile(self, *, timeout: float | None = None, **fields: Any) -> pb.UpdateProfileResponse:
+    def update_profile(self, *, timeout: float | None = None,
+                       **fields: Unpack[messages.UpdateProfileRequest]) -> pb.UpdateProfileResponse:
         """Replace the run's profile (the static sections and tools)."""
         return self._call("UpdateProfile", fields, timeout)
 
-    def update_task(self, *, timeout: float | None = None, **fields: Any) -> pb.UpdateTaskResponse:
+    def update_task(self, *, timeout: float | None = None,
+                    **fields: Unpack[messages.UpdateTaskRequest]) -> pb.UpdateTaskResponse:
         """Replace the run's task."""
         return self._call("UpdateTask", fields, timeout)
 
-    def load_skill(self, *, timeout: float | None = None, **fields: Any) -> pb.LoadSkillResponse:
+    def load_skill(self, *, timeout: float | None = None,
+                   **fields: Unpack[messages.LoadSkillRequest]) -> pb.LoadSkillResponse:
         """Load (or replace) a skill's body into the run's per-task sections."""
         return self._call("LoadSkill", fields, timeout)
 
-    def unload_skill(self, *, timeout: float | None = None, **fields: Any) -> pb.UnloadSkillResponse:
+    def unload_skill(self, *, timeout: float | None = None,
+                     **fields: Unpack[messages.UnloadSkillRequest]) -> pb.UnloadSkillResponse:
         """Unload a skill (not retried)."""
         return self._call("UnloadSkill", fields, timeout)
 
-    def put_state_data(self, *, timeout: float | None = None, **fields: Any) -> pb.PutStateDataResponse:
+    def put_state_data(self, *, timeout: float | None = None,
+                       **fields: Unpack[messages.PutStateDataRequest]) -> pb.PutStateDataResponse:
         """Set one named subset of the run's agent-state data (JSON)."""
         return self._call("PutStateData", fields, timeout)
 
-    def get_state(self, *, timeout: float | None = None, **fields: Any) -> pb.AgentState:
+    def get_state(self, *, timeout: float | None = None, **fields: Unpack[messages.GetStateRequest]) -> pb.AgentState:
         """The run's agent state."""
         return self._call("GetState", fields, timeout)
 
-    def record_usage(self, *, timeout: float | None = None, **fields: Any) -> pb.Usage:
+    def record_usage(self, *, timeout: float | None = None, **fields: Unpack[messages.RecordUsageRequest]) -> pb.Usage:
         """What the provider reported for an assembled iteration."""
         return self._call("RecordUsage", fields, timeout)
 
     def list_compaction_records(self, *, timeout: float | None = None,
-                                **fields: Any) -> pb.ListCompactionRecordsResponse:
+                                **fields: Unpack[messages.ListCompactionRecordsRequest]
+                                ) -> pb.ListCompactionRecordsResponse:
         """The run's compactions, oldest first."""
         return self._call("ListCompactionRecords", fields, timeout)
 
