@@ -21,7 +21,7 @@ from typing import Any, get_type_hints
 
 import grpc
 import pytest
-from context_sidecar_client import Client, SidecarCallError
+from context_sidecar_client import Client, SidecarCallError, errors
 from context_sidecar_client.aio import AsyncClient
 from context_sidecar_client.calls import IDEMPOTENT, IDEMPOTENT_WHEN, REQUESTS
 from context_sidecar_client.v1 import sidecar_pb2 as pb
@@ -244,6 +244,30 @@ def test_bad_input_comes_back_as_code_reason_and_field(sidecar: Sidecar, client:
     with Client(sidecar.address, token=TOKENS["globex"]) as other, pytest.raises(SidecarCallError) as raised:
         other.get_transcript_window(run_id="loop-1", iteration=1)
     assert raised.value.reason == "not_found"  # another tenant's run answers as if it did not exist
+
+
+def test_each_refusal_raises_the_subclass_of_its_code(sidecar: Sidecar, client: Client) -> None:
+    """The manner of the OpenAI and Anthropic SDKs: one class per gRPC code, under SidecarCallError,
+    each carrying what the base does."""
+    client.open_run(run_id="classes", token_counter=COUNTER, transcript_window=1)
+    refusals = {
+        errors.InvalidArgumentError: lambda: client.append_events(run_id="classes", events=[{"role": "user"}]),
+        errors.NotFoundError: lambda: client.get_transcript_window(run_id="classes", iteration=7),
+        errors.FailedPreconditionError: lambda: client.assemble_context(run_id="classes", iteration=1, append_events=[
+            {"event_id": f"f{n}", "role": "user", "content": "z"} for n in range(2)]),
+        errors.UnauthenticatedError: lambda: anonymous.count_tokens(token_counter=COUNTER, texts=["x"]),
+    }
+    with Client(sidecar.address) as anonymous:
+        for kind, refused in refusals.items():
+            with pytest.raises(SidecarCallError) as raised:
+                refused()
+            assert type(raised.value) is kind and raised.value.reason, (kind, raised.value)
+    assert [field for field, _ in raised.value.field_violations] == []
+    # Every status but OK has its class, named after it.
+    assert {code: kind.__name__ for code, kind in errors.BY_CODE.items()} == {
+        code: "CallCancelledError" if code is grpc.StatusCode.CANCELLED
+        else "".join(word.capitalize() for word in code.name.split("_")) + "Error"
+        for code in grpc.StatusCode if code is not grpc.StatusCode.OK}
 
 
 def test_the_asyncio_client_decodes_errors_too(sidecar: Sidecar) -> None:
