@@ -148,14 +148,16 @@ def test_clear_deletes_the_run_pop_is_refused_and_a_refused_item_writes_nothing(
             with pytest.raises(ValueError, match="input_image"):
                 await session.add_items([{"role": "user", "content": "Later"}, {"role": "user", "content": [
                     {"type": "input_image", "image_url": "https://example.com/a.png", "detail": "auto"}]}])
+            await session.add_items([{"role": "assistant", "content": "Hi."}])
             before = await session.get_items()
+            assert await session.get_items(limit=1) == before[-1:] and await session.get_items(limit=0) == []
             with pytest.raises(NotImplementedError, match="append-only"):
                 await session.pop_item()
             await session.clear_session()
             return before, await session.get_items()
 
     before, after = asyncio.run(main())
-    assert before == [{"role": "user", "content": "Hello"}] and after == []
+    assert before == [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Hi."}] and after == []
     with Client(sidecar.address) as client:
         assert list(client.list_run_events(run_id="chat-2").events) == []  # a new run under the same id
 
