@@ -92,6 +92,17 @@ def test_the_example_passes_mypy_strict_and_mistakes_in_it_do_not(installed: Pat
     assert (checked.returncode, len(mistakes), reported) == (1, 3, mistakes), checked.stdout
 
 
+def test_the_client_itself_passes_mypy_strict(tmp_path: Path) -> None:
+    """Its own code, that is: the modules protoc generated (v1/, wire_pb2) are as protoc writes them."""
+    config = tmp_path / "mypy.ini"
+    # The Agents SDK's types are its own (its session module imports them only when type-checking).
+    config.write_text("[mypy]\nstrict = True\n[mypy-context_sidecar_client.v1.*,context_sidecar_client.wire_pb2]\n"
+                      "ignore_errors = True\n[mypy-agents.*,openai.*]\nfollow_imports = skip\n", encoding="utf-8")
+    checked = subprocess.run([sys.executable, "-m", "mypy", "--cache-dir", "/dev/null", "--config-file", str(config),
+                              "-p", "context_sidecar_client"], capture_output=True, text=True, cwd=CLIENT)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
 def test_the_example_runs_a_turn_against_a_real_sidecar(installed: Path, tmp_path: Path) -> None:
     """Run as a host runs a script, with the fresh venv's python: its own process, the sidecar's
     address and token in its environment, against a sidecar with a tenant. It prints the window

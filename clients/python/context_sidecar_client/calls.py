@@ -62,7 +62,7 @@ def pause_before_retry(method: str, code: grpc.StatusCode, retry: int, retries: 
     give up. Only UNAVAILABLE is retried, and never past the call's deadline."""
     if code is not grpc.StatusCode.UNAVAILABLE or retry > retries:
         return None
-    pause = min(LONGEST_PAUSE, FIRST_PAUSE * 2 ** (retry - 1)) * random.uniform(0.5, 1.0)
+    pause: float = min(LONGEST_PAUSE, FIRST_PAUSE * 2.0 ** (retry - 1)) * random.uniform(0.5, 1.0)
     if remaining is not None and pause >= remaining:
         return None
     log.warning("%s: the sidecar is unavailable; retry %d of %d in %.2f s", method, retry, retries, pause)
