@@ -1,5 +1,5 @@
 // Which calls may be tried again, and the pause before each retry: the Python client's rules
-// (sidecar/client/calls.py), so a host gets the same behaviour in either language.
+// (clients/python/context_sidecar_client/calls.py), so a host gets the same behaviour in either language.
 
 import { status } from '@grpc/grpc-js';
 
