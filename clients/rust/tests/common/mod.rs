@@ -1,0 +1,82 @@
+//! A real sidecar for the tests: `python -m sidecar serve` (python from PATH, the project's venv
+//! in ./dev.sh test) run from the repository root on a free loopback port, storing in a fresh
+//! temporary directory; killed when the handle is dropped.
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+pub struct Sidecar {
+    child: Child,
+    storage: PathBuf,
+    /// Where it serves, as a channel target: `http://127.0.0.1:PORT`.
+    pub target: String,
+}
+
+impl Sidecar {
+    pub fn start() -> Sidecar {
+        let repository = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let storage = std::env::temp_dir().join(format!(
+            "cs-rust-{}-{}",
+            std::process::id(),
+            fastrand::u64(..)
+        ));
+        let mut child = Command::new("python")
+            .args([
+                "-m",
+                "sidecar",
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--log-level",
+                "WARNING",
+                "--storage-path",
+            ])
+            .arg(&storage)
+            .current_dir(repository)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("cannot start the sidecar with the python on PATH");
+        let stdout = child.stdout.take().unwrap();
+        let (ready, address) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            for line in lines.by_ref().map_while(Result::ok) {
+                if let Some(address) = line.trim().strip_prefix("context-sidecar serving on ") {
+                    let _ = ready.send(address.to_owned());
+                    break;
+                }
+            }
+            lines.for_each(drop); // keep reading, so the sidecar never blocks on a full pipe
+        });
+        match address.recv_timeout(READY_TIMEOUT) {
+            Ok(address) => Sidecar {
+                child,
+                storage,
+                target: format!("http://{address}"),
+            },
+            Err(_) => {
+                let _ = child.kill();
+                let mut stderr = String::new();
+                let _ = child.stderr.take().unwrap().read_to_string(&mut stderr);
+                let _ = std::fs::remove_dir_all(&storage);
+                panic!(
+                    "the sidecar did not say where it serves within {READY_TIMEOUT:?}; stderr:\n{stderr}"
+                );
+            }
+        }
+    }
+}
+
+impl Drop for Sidecar {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.storage);
+    }
+}

@@ -1,0 +1,181 @@
+//! The client against a real sidecar: one turn, a refused call decoded, the one-turn example.
+
+mod common;
+
+use common::Sidecar;
+use context_sidecar_client::{Client, pb};
+use tonic::Code;
+
+fn event(event_id: &str, role: &str, kind: &str, call_id: &str, content: &str) -> pb::Event {
+    pb::Event {
+        event_id: event_id.into(),
+        role: role.into(),
+        r#type: kind.into(),
+        call_id: call_id.into(),
+        content: content.into(),
+        tool_name: if kind == "tool_call" {
+            "search".into()
+        } else {
+            String::new()
+        },
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn one_turn_counts_what_it_feeds() {
+    let sidecar = Sidecar::start();
+    let client = Client::connect(sidecar.target.clone()).unwrap();
+    let counter = "o200k_base";
+    client
+        .open_run(pb::OpenRunRequest {
+            run_id: "run-1".into(),
+            token_counter: Some(counter.into()),
+            transcript_token_budget: Some(8000),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let events = vec![
+        event(
+            "u1",
+            "user",
+            "message",
+            "",
+            "What does the refund policy say?",
+        ),
+        event("c1", "assistant", "tool_call", "k1", r#"{"q": "refund"}"#),
+        event(
+            "r1",
+            "tool",
+            "tool_result",
+            "k1",
+            "Refunds are accepted within 30 days of purchase.",
+        ),
+    ];
+    let turn = client
+        .assemble_context(pb::AssembleContextRequest {
+            run_id: "run-1".into(),
+            iteration: 1,
+            append_events: events,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+
+    let ids: Vec<&str> = turn
+        .entries
+        .iter()
+        .map(|entry| entry.event_id.as_str())
+        .collect();
+    assert_eq!(ids, ["u1", "c1", "r1"]);
+    assert_eq!(turn.token_counter, counter);
+    // Each entry's tokens recounted by CountTokens, and the answer's total their sum.
+    let recount = client
+        .count_tokens(pb::CountTokensRequest {
+            token_counter: counter.into(),
+            texts: turn
+                .entries
+                .iter()
+                .map(|entry| entry.text.clone())
+                .collect(),
+        })
+        .await
+        .unwrap();
+    let tokens: Vec<i32> = turn.entries.iter().map(|entry| entry.tokens).collect();
+    assert_eq!(tokens, recount.counts);
+    assert!(tokens.iter().all(|&n| n > 0), "{tokens:?}");
+    assert_eq!(turn.token_count, recount.counts.iter().sum::<i32>());
+    assert!(turn.token_count <= turn.token_budget);
+}
+
+#[tokio::test]
+async fn a_refused_call_carries_its_reason_and_bad_field() {
+    let sidecar = Sidecar::start();
+    let client = Client::connect(sidecar.target.clone()).unwrap();
+    client
+        .open_run(pb::OpenRunRequest {
+            run_id: "run-1".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let bad = pb::AssembleContextRequest {
+        run_id: "run-1".into(),
+        iteration: 1,
+        append_events: vec![event("", "user", "message", "", "no id")],
+        ..Default::default()
+    };
+    let error = client.assemble_context(bad).await.unwrap_err();
+    assert_eq!(error.method, "AssembleContext");
+    assert_eq!(error.code, Code::InvalidArgument);
+    assert_eq!(error.reason, "validation_error");
+    assert!(
+        error.has_field("append_events[0].event_id"),
+        "{:?}",
+        error.fields
+    );
+    // A failed call writes nothing: the run has no events.
+    let listed = client
+        .list_run_events(pb::ListRunEventsRequest {
+            run_id: "run-1".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(listed.events.is_empty(), "{:?}", listed.events);
+}
+
+#[tokio::test]
+async fn a_stopped_sidecar_is_unavailable_after_the_retries() {
+    let sidecar = Sidecar::start();
+    let target = sidecar.target.clone();
+    drop(sidecar);
+    let client = Client::connect(target).unwrap().with_retries(2);
+    let started = std::time::Instant::now();
+    let error = client
+        .count_tokens(pb::CountTokensRequest {
+            token_counter: "chars".into(),
+            texts: vec!["x".into()],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(error.code, Code::Unavailable);
+    assert_eq!(error.reason, "", "the call never reached a sidecar");
+    // Two pauses were taken: at least 0.05 s + 0.1 s (each at least half of 0.1 s, 0.2 s).
+    assert!(
+        started.elapsed() >= std::time::Duration::from_millis(150),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn the_one_turn_example_runs() {
+    let sidecar = Sidecar::start();
+    // A whole `cargo test` builds the examples beside the test binaries' folder (target/debug/deps);
+    // `cargo test --test sidecar` alone does not rebuild them.
+    let deps = std::env::current_exe()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let example = deps.parent().unwrap().join("examples").join("one_turn");
+    let output = std::process::Command::new(&example)
+        .arg(&sidecar.target)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{}: {stdout}\n{}",
+        example.display(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("u1 "), "{stdout}");
+    assert!(
+        stdout.contains("InvalidArgument validation_error"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("events[0].event_id"), "{stdout}");
+}
