@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One entry point for a fresh machine with python3 (>= 3.11) and gcc; the tests also need node (>= 20),
-# go (1.26), Java 17 with Maven and PostgreSQL's server (.ci/run installs what is missing):
+# go (1.26), Java 17 with Maven, Rust (cargo, rustc >= 1.85) and PostgreSQL's server (.ci/run installs what is missing):
 #   ./dev.sh serve [flags]   set up, then run the sidecar (127.0.0.1:50051, LMDB in ./data)
-#   ./dev.sh test            set up, lint (ruff), type-check (mypy), run every test: Python, TypeScript, Go, Java
+#   ./dev.sh test            set up, lint (ruff), type-check (mypy), run every test: Python, TypeScript, Go, Java, Rust
 #   ./dev.sh bench [name] [args]  set up, then run benchmarks/bench_<name>.py (default turn);
 #                            ./dev.sh bench --smoke: every benchmark for one round
 #   ./dev.sh setup           only set up: .venv with the package installed (fastcore compiled)
@@ -74,6 +74,15 @@ setup_java() {
   mvn -q -B -ntp -f clients/java/pom.xml test-compile
 }
 
+setup_rust() {
+  command -v cargo >/dev/null || { echo "dev.sh: Rust (cargo, rustc 1.85 or newer) is needed for the Rust client's tests" >&2; exit 1; }
+  local minor
+  minor=$(rustc --version | sed -E 's/^rustc 1\.([0-9]+).*/\1/')
+  [ "$minor" -ge 85 ] || { echo "dev.sh: the Rust client needs rustc 1.85 or newer, not $(rustc --version)" >&2; exit 1; }
+  # Cargo.lock holds versions that build with rustc 1.85 (Debian trixie's): --locked keeps them.
+  (cd clients/rust && cargo fetch --locked --quiet)
+}
+
 setup_node() {
   command -v npm >/dev/null || { echo "dev.sh: Node.js 20 and npm are needed for the client tests" >&2; exit 1; }
   # The TypeScript package: its dependencies, then its build (dist/), which the tests and the bench import.
@@ -94,6 +103,7 @@ case "$command" in
     setup_node
     setup_go
     setup_java
+    setup_rust
     "$VENV/bin/ruff" check .
     "$VENV/bin/mypy"
     "$VENV/bin/python" -m pytest "$@"
@@ -101,7 +111,9 @@ case "$command" in
     (cd clients/node && PATH="$PWD/../../$VENV/bin:$PATH" npm test)
     # -count=1: the results depend on the sidecar and the proto, which go test's cache cannot see.
     (cd clients/go && go vet ./... && PATH="$PWD/../../$VENV/bin:$PATH" go test -count=1 ./...)
-    PATH="$PWD/$VENV/bin:$PATH" mvn -B -ntp -f clients/java/pom.xml test ;;
+    PATH="$PWD/$VENV/bin:$PATH" mvn -B -ntp -f clients/java/pom.xml test
+    # The Rust tests start their own sidecars with the python on PATH too.
+    (cd clients/rust && PATH="$PWD/../../$VENV/bin:$PATH" cargo test --locked) ;;
   bench)
     setup_python test,bench
     # --smoke alone: every registered bench for one round (benchmarks/README.md), as CI runs them.
