@@ -29,6 +29,8 @@ pub mod pb {
 }
 
 use pb::context_sidecar_client::ContextSidecarClient;
+pub use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 
 /// The whole call with its retries, as the Python, Node, Go and Java clients wait.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -127,6 +129,7 @@ fn pause_before_retry(
 #[derive(Clone)]
 pub struct Client {
     stub: ContextSidecarClient<Channel>,
+    health: HealthClient<Channel>,
     authorization: Option<MetadataValue<tonic::metadata::Ascii>>,
     timeout: Duration,
     retries: u32,
@@ -143,7 +146,8 @@ impl Client {
     /// A client over a channel the host configured itself (TLS, its own timeouts).
     pub fn with_channel(channel: Channel) -> Self {
         Client {
-            stub: ContextSidecarClient::new(channel),
+            stub: ContextSidecarClient::new(channel.clone()),
+            health: HealthClient::new(channel),
             authorization: None,
             timeout: DEFAULT_TIMEOUT,
             retries: DEFAULT_RETRIES,
@@ -171,6 +175,21 @@ impl Client {
         self
     }
 
+    /// Whether the sidecar serves (grpc.health.v1, the whole server): SERVING once its store
+    /// is open. Retried like the reads.
+    pub async fn health_check(&self) -> Result<ServingStatus, Error> {
+        let request = HealthCheckRequest {
+            service: String::new(),
+        };
+        let answer = self
+            .call("Health/Check", true, request, |r| {
+                let mut health = self.health.clone();
+                async move { health.check(r).await }
+            })
+            .await?;
+        Ok(answer.status())
+    }
+
     /// The generated stub, for what this client does not wrap (WatchEvents' stream).
     pub fn stub(&self) -> ContextSidecarClient<Channel> {
         self.stub.clone()
@@ -183,7 +202,7 @@ impl Client {
         method: &'static str,
         idempotent: bool,
         request: Req,
-        attempt: impl Fn(ContextSidecarClient<Channel>, Request<Req>) -> Fut,
+        attempt: impl Fn(Request<Req>) -> Fut,
     ) -> Result<Resp, Error>
     where
         Req: Clone,
@@ -200,14 +219,11 @@ impl Client {
                     .metadata_mut()
                     .insert("authorization", value.clone());
             }
-            let status =
-                match tokio::time::timeout(remaining, attempt(self.stub.clone(), grpc_request))
-                    .await
-                {
-                    Ok(Ok(response)) => return Ok(response.into_inner()),
-                    Ok(Err(status)) => status,
-                    Err(_) => Status::deadline_exceeded("the call's deadline passed"),
-                };
+            let status = match tokio::time::timeout(remaining, attempt(grpc_request)).await {
+                Ok(Ok(response)) => return Ok(response.into_inner()),
+                Ok(Err(status)) => status,
+                Err(_) => Status::deadline_exceeded("the call's deadline passed"),
+            };
             retry += 1;
             let retries = if idempotent { self.retries } else { 0 };
             let remaining = deadline.saturating_duration_since(Instant::now());
@@ -228,7 +244,11 @@ macro_rules! rpcs {
                 #[doc = concat!("The `", $name, "` RPC.")]
                 pub async fn $fn(&self, request: pb::$req) -> Result<pb::$resp, Error> {
                     let idempotent = { let $r = &request; $idempotent };
-                    self.call($name, idempotent, request, |mut stub, r| async move { stub.$fn(r).await }).await
+                    self.call($name, idempotent, request, |r| {
+                        let mut stub = self.stub.clone();
+                        async move { stub.$fn(r).await }
+                    })
+                    .await
                 }
             )*
         }

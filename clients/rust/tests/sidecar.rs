@@ -3,7 +3,7 @@
 mod common;
 
 use common::Sidecar;
-use context_sidecar_client::{Client, pb};
+use context_sidecar_client::{Client, ServingStatus, pb};
 use tonic::Code;
 
 fn event(event_id: &str, role: &str, kind: &str, call_id: &str, content: &str) -> pb::Event {
@@ -26,6 +26,7 @@ fn event(event_id: &str, role: &str, kind: &str, call_id: &str, content: &str) -
 async fn one_turn_counts_what_it_feeds() {
     let sidecar = Sidecar::start();
     let client = Client::connect(sidecar.target.clone()).unwrap();
+    assert_eq!(client.health_check().await.unwrap(), ServingStatus::Serving);
     let counter = "o200k_base";
     client
         .open_run(pb::OpenRunRequest {
