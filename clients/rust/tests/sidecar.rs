@@ -128,6 +128,29 @@ async fn a_refused_call_carries_its_reason_and_bad_field() {
 }
 
 #[tokio::test]
+async fn the_token_names_the_tenant() {
+    let sidecar = Sidecar::with_tenants(&[("alpha", "rust-client-token-alpha")]);
+    let count = || pb::CountTokensRequest {
+        token_counter: "chars".into(),
+        texts: vec!["four".into()],
+    };
+    let anonymous = Client::connect(sidecar.target.clone()).unwrap();
+    let error = anonymous.count_tokens(count()).await.unwrap_err();
+    assert_eq!(
+        (error.code, error.reason.as_str()),
+        (Code::Unauthenticated, "unauthenticated")
+    );
+    let wrong = anonymous.clone().with_token("not-a-tenant's").unwrap();
+    let error = wrong.count_tokens(count()).await.unwrap_err();
+    assert_eq!(
+        (error.code, error.reason.as_str()),
+        (Code::Unauthenticated, "unauthenticated")
+    );
+    let alpha = anonymous.with_token("rust-client-token-alpha").unwrap();
+    assert_eq!(alpha.count_tokens(count()).await.unwrap().counts, [4]);
+}
+
+#[tokio::test]
 async fn a_stopped_sidecar_is_unavailable_after_the_retries() {
     let sidecar = Sidecar::start();
     let target = sidecar.target.clone();

@@ -19,6 +19,33 @@ pub struct Sidecar {
 
 impl Sidecar {
     pub fn start() -> Sidecar {
+        Self::start_with(&[])
+    }
+
+    /// A sidecar whose tenants are `(id, token)`: every call must then carry a tenant's token.
+    pub fn with_tenants(tenants: &[(&str, &str)]) -> Sidecar {
+        use sha2::{Digest, Sha256};
+        let config = tenants
+            .iter()
+            .map(|(id, token)| {
+                format!(
+                    "[[auth.tenants]]\nid = {id:?}\ntoken_sha256 = \"{:x}\"\n\n",
+                    Sha256::digest(token)
+                )
+            })
+            .collect::<String>();
+        let path = std::env::temp_dir().join(format!(
+            "cs-rust-{}-{}.toml",
+            std::process::id(),
+            fastrand::u64(..)
+        ));
+        std::fs::write(&path, config).unwrap();
+        let sidecar = Self::start_with(&["--config".as_ref(), path.as_os_str()]);
+        let _ = std::fs::remove_file(&path); // read once, at start
+        sidecar
+    }
+
+    fn start_with(flags: &[&std::ffi::OsStr]) -> Sidecar {
         let repository = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
         let storage = std::env::temp_dir().join(format!(
             "cs-rust-{}-{}",
@@ -37,6 +64,7 @@ impl Sidecar {
                 "--storage-path",
             ])
             .arg(&storage)
+            .args(flags)
             .current_dir(repository)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
