@@ -9,12 +9,13 @@ bench protocol (``benchmarks/client_bench.py`` says it in full) against it, one 
 - node:   ``node clients/node/bench.js`` (the package, built: ``npm ci && npm run build``)
 - go:     ``go run ./cmd/bench`` in clients/go
 - java:   the class in a ``Bench.java``, built by Maven (``clients/java/pom.xml``), run by ``java -cp``
+- rust:   ``cargo run --release --example bench`` in clients/rust (the first build takes minutes)
 
 A language whose program or tool is missing is skipped, saying so. Each program prints one line
 of JSON; the table sets them side by side: the health Check p50 (the floor of any call from that
 client), AssembleContext re-assembling an 8k window p50, and their ratio.
 
-    python -m benchmarks.bench_clients [--rounds 300] [--clients python-stubs,python,node,go,java] [--markdown]
+    python -m benchmarks.bench_clients [--rounds 300] [--clients python-stubs,python,node,go,java,rust] [--markdown]
 """
 
 from __future__ import annotations
@@ -64,6 +65,12 @@ def command(language: str, target: str, rounds: int) -> tuple[list[str], Path] |
         build = "mvn -q -B -f pom.xml compile dependency:build-classpath >&2"
         java = f'exec java -cp "target/classes:$(cat target/classpath.txt)" {main_class} {" ".join(args)}'
         return ["bash", "-c", f"{build} && {java}"], CLIENTS / "java"
+    if language == "rust":
+        if not (CLIENTS / "rust" / "examples" / "bench.rs").is_file():
+            return "clients/rust/examples/bench.rs is missing"
+        if not shutil.which("cargo"):
+            return "cargo is not on PATH"
+        return ["cargo", "run", "--release", "--locked", "--quiet", "--example", "bench", "--", *args], CLIENTS / "rust"
     return f"no bench program is known for {language}"
 
 
@@ -83,11 +90,11 @@ def run(language: str, target: str, rounds: int) -> dict | str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=300)
-    parser.add_argument("--clients", default="python-stubs,python,node,go,java",
+    parser.add_argument("--clients", default="python-stubs,python,node,go,java,rust",
                         help="languages, comma-separated, in order")
     parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     add_smoke_flag(parser)
-    # The smoke runs the Python client alone: building the Go and Java programs takes minutes.
+    # The smoke runs the Python client alone: building the Go, Java and Rust programs takes minutes.
     args = smoke(parser.parse_args(), rounds=2, clients="python-stubs,python")
     results: dict[str, dict | str] = {}
     with tempfile.TemporaryDirectory(prefix="sidecar-clients-") as tmp:

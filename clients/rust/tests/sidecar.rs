@@ -174,28 +174,46 @@ async fn a_stopped_sidecar_is_unavailable_after_the_retries() {
     );
 }
 
-#[test]
-fn the_one_turn_example_runs() {
-    let sidecar = Sidecar::start();
-    // A whole `cargo test` builds the examples beside the test binaries' folder (target/debug/deps);
-    // `cargo test --test sidecar` alone does not rebuild them.
+/// Runs an example program; a whole `cargo test` builds the examples beside the test binaries'
+/// folder (target/debug/deps), while `cargo test --test sidecar` alone does not rebuild them.
+fn run_example(name: &str, args: &[&str]) -> String {
     let deps = std::env::current_exe()
         .unwrap()
         .parent()
         .unwrap()
         .to_path_buf();
-    let example = deps.parent().unwrap().join("examples").join("one_turn");
+    let example = deps.parent().unwrap().join("examples").join(name);
     let output = std::process::Command::new(&example)
-        .arg(&sidecar.target)
+        .args(args)
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     assert!(
         output.status.success(),
         "{}: {stdout}\n{}",
         example.display(),
         String::from_utf8_lossy(&output.stderr)
     );
+    stdout
+}
+
+#[test]
+fn the_bench_program_prints_its_json_line() {
+    let sidecar = Sidecar::start();
+    let address = sidecar.target.trim_start_matches("http://");
+    let stdout = run_example("bench", &["--target", address, "--rounds", "2"]);
+    let line = stdout.trim();
+    assert!(
+        line.starts_with(r#"{"client": "rust", "health_p50_us": "#),
+        "{line}"
+    );
+    assert!(line.ends_with(r#", "rounds": 2}"#), "{line}");
+}
+
+#[test]
+fn the_one_turn_example_runs() {
+    let sidecar = Sidecar::start();
+    let stdout = run_example("one_turn", &[&sidecar.target]);
     assert!(stdout.contains("u1 "), "{stdout}");
     assert!(
         stdout.contains("InvalidArgument validation_error"),
