@@ -221,3 +221,56 @@ fn the_one_turn_example_runs() {
     );
     assert!(stdout.contains("events[0].event_id"), "{stdout}");
 }
+
+/// The crate installed as a host installs it: a crate of its own, elsewhere, depending on this one
+/// by path, whose program is examples/one_turn.rs. Built in its own target folder (a nested cargo
+/// must not wait on this one's lock): the first run compiles tonic again, later runs reuse it.
+#[test]
+fn a_host_crate_depending_by_path_runs_one_turn() {
+    let manifest = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let host = std::env::temp_dir().join(format!("cs-rust-host-{}", std::process::id()));
+    std::fs::create_dir_all(host.join("src")).unwrap();
+    let cargo_toml = format!(
+        "[package]\nname = \"host\"\nversion = \"0.1.0\"\nedition = \"2024\"\n\n[dependencies]\n\
+         context-sidecar-client = {{ path = {:?} }}\n\
+         tokio = {{ version = \"1\", features = [\"rt-multi-thread\", \"macros\"] }}\n",
+        manifest.display().to_string()
+    );
+    std::fs::write(host.join("Cargo.toml"), cargo_toml).unwrap();
+    std::fs::copy(
+        manifest.join("examples/one_turn.rs"),
+        host.join("src/main.rs"),
+    )
+    .unwrap();
+    // The client's resolved versions (those that build with its rust-version), as a host's lock would hold.
+    std::fs::copy(manifest.join("Cargo.lock"), host.join("Cargo.lock")).unwrap();
+    let target = manifest.join("target").join("host-crate");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let built = std::process::Command::new(cargo)
+        .args(["build", "--quiet"])
+        .current_dir(&host)
+        .env("CARGO_TARGET_DIR", &target)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&host);
+    assert!(
+        built.status.success(),
+        "{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let sidecar = Sidecar::start();
+    let output = std::process::Command::new(target.join("debug").join("host"))
+        .arg(&sidecar.target)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        stdout.contains("InvalidArgument validation_error"),
+        "{stdout}"
+    );
+}
