@@ -174,15 +174,16 @@ async fn a_stopped_sidecar_is_unavailable_after_the_retries() {
     );
 }
 
-/// Runs an example program; a whole `cargo test` builds the examples beside the test binaries'
-/// folder (target/debug/deps), while `cargo test --test sidecar` alone does not rebuild them.
+/// The target folder of this `cargo test` (the test binary is target/debug/deps/sidecar-*).
+fn target_dir() -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.ancestors().nth(3).unwrap().to_path_buf()
+}
+
+/// Runs an example program; a whole `cargo test` builds the examples into target/debug/examples,
+/// while `cargo test --test sidecar` alone does not rebuild them.
 fn run_example(name: &str, args: &[&str]) -> String {
-    let deps = std::env::current_exe()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .to_path_buf();
-    let example = deps.parent().unwrap().join("examples").join(name);
+    let example = target_dir().join("debug").join("examples").join(name);
     let output = std::process::Command::new(&example)
         .args(args)
         .output()
@@ -223,13 +224,14 @@ fn the_one_turn_example_runs() {
 }
 
 /// The crate installed as a host installs it: a crate of its own, elsewhere, depending on this one
-/// by path, whose program is examples/one_turn.rs. Built in its own target folder (a nested cargo
-/// must not wait on this one's lock): the first run compiles tonic again, later runs reuse it.
+/// by path, whose program is examples/one_turn.rs. Built into this test's own target folder, with
+/// the same dependency features, so that it reuses the dependencies `cargo test` compiled.
 #[test]
 fn a_host_crate_depending_by_path_runs_one_turn() {
     let manifest = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let host = std::env::temp_dir().join(format!("cs-rust-host-{}", std::process::id()));
     std::fs::create_dir_all(host.join("src")).unwrap();
+    // tokio with the features of this crate's dev-dependency, so no dependency builds twice.
     let cargo_toml = format!(
         "[package]\nname = \"host\"\nversion = \"0.1.0\"\nedition = \"2024\"\n\n[dependencies]\n\
          context-sidecar-client = {{ path = {:?} }}\n\
@@ -244,7 +246,7 @@ fn a_host_crate_depending_by_path_runs_one_turn() {
     .unwrap();
     // The client's resolved versions (those that build with its rust-version), as a host's lock would hold.
     std::fs::copy(manifest.join("Cargo.lock"), host.join("Cargo.lock")).unwrap();
-    let target = manifest.join("target").join("host-crate");
+    let target = target_dir();
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let built = std::process::Command::new(cargo)
         .args(["build", "--quiet"])
