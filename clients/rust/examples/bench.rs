@@ -56,9 +56,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if rounds < 1 {
         return Err("--rounds must be at least 1".into());
     }
-    if !target.contains("://") {
-        target = format!("http://{target}");
-    }
     let mut client = Client::connect(target)?;
     if let Some(token) = token {
         client = client.with_token(&token)?;

@@ -5,7 +5,7 @@
 //! ```no_run
 //! # async fn run() -> Result<(), context_sidecar_client::Error> {
 //! use context_sidecar_client::{pb, Client};
-//! let client = Client::connect("http://127.0.0.1:50051").unwrap();
+//! let client = Client::connect("127.0.0.1:50051").unwrap();
 //! let turn = client
 //!     .assemble_context(pb::AssembleContextRequest { run_id: "run-1".into(), iteration: 1, ..Default::default() })
 //!     .await?;
@@ -136,10 +136,15 @@ pub struct Client {
 }
 
 impl Client {
-    /// A client of the sidecar at `target` (`http://host:port`). The channel connects on the
-    /// first call, so a sidecar that is still starting is waited for by the retries.
+    /// A client of the sidecar at `target`: `host:port`, as the other clients take it, or a URI
+    /// (`http://host:port`). The channel connects on the first call, so a sidecar that is still
+    /// starting is waited for by the retries.
     pub fn connect(target: impl Into<String>) -> Result<Self, tonic::transport::Error> {
-        let endpoint = Endpoint::from_shared(target.into())?;
+        let mut target = target.into();
+        if !target.contains("://") {
+            target = format!("http://{target}");
+        }
+        let endpoint = Endpoint::from_shared(target)?;
         Ok(Self::with_channel(endpoint.connect_lazy()))
     }
 
