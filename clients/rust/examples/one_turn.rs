@@ -1,13 +1,14 @@
-//! One turn of a host, and a refused call decoded. Run against a sidecar:
-//! `cargo run --example one_turn -- http://127.0.0.1:50051`
+//! One turn of a host, and a refused call decoded. The sidecar is at $SIDECAR_ADDRESS
+//! (127.0.0.1:50051 when unset); $SIDECAR_TOKEN is the tenant's token, if it has tenants.
 use context_sidecar_client::{Client, pb};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let target = std::env::args()
-        .nth(1)
-        .unwrap_or_else(|| "http://127.0.0.1:50051".into());
-    let client = Client::connect(target)?; // .with_token("...")? when the sidecar has tenants
+    let address = std::env::var("SIDECAR_ADDRESS").unwrap_or_else(|_| "127.0.0.1:50051".into());
+    let mut client = Client::connect(address)?;
+    if let Ok(token) = std::env::var("SIDECAR_TOKEN") {
+        client = client.with_token(&token)?;
+    }
     client
         .open_run(pb::OpenRunRequest {
             run_id: "run-1".into(),
@@ -16,17 +17,35 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             ..Default::default()
         })
         .await?;
-    let user = pb::Event {
-        event_id: "u1".into(),
-        role: "user".into(),
-        content: "What does the refund policy say?".into(),
-        ..Default::default()
-    };
     let turn = client
         .assemble_context(pb::AssembleContextRequest {
             run_id: "run-1".into(),
             iteration: 1,
-            append_events: vec![user],
+            append_events: vec![
+                pb::Event {
+                    event_id: "u1".into(),
+                    role: "user".into(),
+                    content: "What does the refund policy say?".into(),
+                    ..Default::default()
+                },
+                pb::Event {
+                    event_id: "c1".into(),
+                    role: "assistant".into(),
+                    r#type: "tool_call".into(),
+                    call_id: "k1".into(),
+                    tool_name: "search".into(),
+                    content: r#"{"q": "refund"}"#.into(),
+                    ..Default::default()
+                },
+                pb::Event {
+                    event_id: "r1".into(),
+                    role: "tool".into(),
+                    r#type: "tool_result".into(),
+                    call_id: "k1".into(),
+                    content: "30 days.".into(),
+                    ..Default::default()
+                },
+            ],
             ..Default::default()
         })
         .await?;
@@ -45,7 +64,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Err(error) = client.append_events(refused).await {
         println!("{:?} {}", error.code, error.reason); // InvalidArgument validation_error
         for field in &error.fields {
-            println!("{} {}", field.field, field.description); // events[0].event_id ...
+            println!("{} {}", field.field, field.description); // events[0].event_id is required
         }
     }
     Ok(())

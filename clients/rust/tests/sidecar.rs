@@ -1,6 +1,8 @@
-//! The client against a real sidecar: one turn, a refused call decoded, the one-turn example.
+//! The client against a real sidecar: one turn, a refused call decoded, the example programs.
 
 mod common;
+
+use std::path::{Path, PathBuf};
 
 use common::Sidecar;
 use context_sidecar_client::{Client, ServingStatus, pb};
@@ -175,34 +177,42 @@ async fn a_stopped_sidecar_is_unavailable_after_the_retries() {
 }
 
 /// The target folder of this `cargo test` (the test binary is target/debug/deps/sidecar-*).
-fn target_dir() -> std::path::PathBuf {
+fn target_dir() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     exe.ancestors().nth(3).unwrap().to_path_buf()
 }
 
-/// Runs an example program; a whole `cargo test` builds the examples into target/debug/examples,
-/// while `cargo test --test sidecar` alone does not rebuild them.
-fn run_example(name: &str, args: &[&str]) -> String {
-    let example = target_dir().join("debug").join("examples").join(name);
-    let output = std::process::Command::new(&example)
+/// Runs a program built by this `cargo test` and gives what it printed; it must succeed.
+fn run_program(program: &Path, args: &[&str], env: &[(&str, &str)]) -> String {
+    let output = std::process::Command::new(program)
         .args(args)
+        .envs(env.iter().copied())
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     assert!(
         output.status.success(),
         "{}: {stdout}\n{}",
-        example.display(),
+        program.display(),
         String::from_utf8_lossy(&output.stderr)
     );
     stdout
 }
 
+/// An example program: a whole `cargo test` builds the examples into target/debug/examples,
+/// while `cargo test --test sidecar` alone does not rebuild them.
+fn example(name: &str) -> PathBuf {
+    target_dir().join("debug").join("examples").join(name)
+}
+
 #[test]
 fn the_bench_program_prints_its_json_line() {
     let sidecar = Sidecar::start();
-    let address = sidecar.target.trim_start_matches("http://");
-    let stdout = run_example("bench", &["--target", address, "--rounds", "2"]);
+    let stdout = run_program(
+        &example("bench"),
+        &["--target", sidecar.address(), "--rounds", "2"],
+        &[],
+    );
     let line = stdout.trim();
     assert!(
         line.starts_with(r#"{"client": "rust", "health_p50_us": "#),
@@ -211,24 +221,65 @@ fn the_bench_program_prints_its_json_line() {
     assert!(line.ends_with(r#", "rounds": 2}"#), "{line}");
 }
 
-#[test]
-fn the_one_turn_example_runs() {
-    let sidecar = Sidecar::start();
-    let stdout = run_example("one_turn", &[&sidecar.target]);
-    assert!(stdout.contains("u1 "), "{stdout}");
+/// Runs a build of examples/one_turn.rs as the docs say, against a sidecar with a tenant, and
+/// checks what it printed: the sidecar's window of the turn (each entry's tokens recounted by
+/// CountTokens), then the refused call's code, reason and bad field.
+async fn one_turn_runs(program: &Path) {
+    let token = "rust-example-token";
+    let sidecar = Sidecar::with_tenants(&[("example", token)]);
+    let env = [
+        ("SIDECAR_ADDRESS", sidecar.address()),
+        ("SIDECAR_TOKEN", token),
+    ];
+    let stdout = run_program(program, &[], &env);
+
+    let client = Client::connect(sidecar.address())
+        .unwrap()
+        .with_token(token)
+        .unwrap();
+    let window = client
+        .get_transcript_window(pb::GetTranscriptWindowRequest {
+            run_id: "run-1".into(),
+            iteration: 1,
+        })
+        .await
+        .unwrap();
+    let recount = client
+        .count_tokens(pb::CountTokensRequest {
+            token_counter: window.token_counter.clone(),
+            texts: window.entries.iter().map(|e| e.rendered.clone()).collect(),
+        })
+        .await
+        .unwrap();
+    let tokens: Vec<i32> = window.entries.iter().map(|e| e.tokens).collect();
+    assert_eq!(tokens, recount.counts);
+    let mut expected: Vec<String> = window
+        .entries
+        .iter()
+        .map(|e| format!("{} {} tokens", e.event_id, e.tokens))
+        .collect();
+    assert_eq!(window.event_ids, ["u1", "c1", "r1"]);
+    expected.push("InvalidArgument validation_error".into());
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines[..lines.len() - 1], expected, "{stdout}");
+    let field = lines.last().unwrap();
     assert!(
-        stdout.contains("InvalidArgument validation_error"),
+        field.starts_with("events[0].event_id ") && field.len() > "events[0].event_id ".len(),
         "{stdout}"
     );
-    assert!(stdout.contains("events[0].event_id"), "{stdout}");
+}
+
+#[tokio::test]
+async fn the_one_turn_example_runs() {
+    one_turn_runs(&example("one_turn")).await;
 }
 
 /// The crate installed as a host installs it: a crate of its own, elsewhere, depending on this one
 /// by path, whose program is examples/one_turn.rs. Built into this test's own target folder, with
 /// the same dependency features, so that it reuses the dependencies `cargo test` compiled.
-#[test]
-fn a_host_crate_depending_by_path_runs_one_turn() {
-    let manifest = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+#[tokio::test]
+async fn a_host_crate_depending_by_path_runs_one_turn() {
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let host = std::env::temp_dir().join(format!("cs-rust-host-{}", std::process::id()));
     std::fs::create_dir_all(host.join("src")).unwrap();
     // tokio with the features of this crate's dev-dependency, so no dependency builds twice.
@@ -260,19 +311,5 @@ fn a_host_crate_depending_by_path_runs_one_turn() {
         "{}",
         String::from_utf8_lossy(&built.stderr)
     );
-    let sidecar = Sidecar::start();
-    let output = std::process::Command::new(target.join("debug").join("host"))
-        .arg(&sidecar.target)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    assert!(
-        stdout.contains("InvalidArgument validation_error"),
-        "{stdout}"
-    );
+    one_turn_runs(&target.join("debug").join("host")).await;
 }

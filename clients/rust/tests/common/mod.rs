@@ -101,6 +101,13 @@ impl Sidecar {
     }
 }
 
+impl Sidecar {
+    /// Where it serves as the other clients take it: `127.0.0.1:PORT`.
+    pub fn address(&self) -> &str {
+        self.target.trim_start_matches("http://")
+    }
+}
+
 impl Drop for Sidecar {
     fn drop(&mut self) {
         let _ = self.child.kill();
