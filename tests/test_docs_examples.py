@@ -26,7 +26,7 @@ PAGE = Path("docs/other-languages.md")
 SECTION = "One turn, in each language"
 LANGUAGES = ("TypeScript", "Python", "Rust", "Go", "Java")
 # The languages whose example has landed; each client's change adds its own.
-REQUIRED_LANGUAGES = ("TypeScript", "Python", "Go", "Java")
+REQUIRED_LANGUAGES = ("TypeScript", "Python", "Rust", "Go", "Java")
 
 MARKER = re.compile(r"<!-- example: (\S+) -->")
 FENCE = re.compile(r"(`{3,}|~{3,})")
