@@ -117,11 +117,12 @@ case "$command" in
   bench)
     setup_python test,bench
     # --smoke alone: every registered bench for one round (benchmarks/README.md), as CI runs them.
-    if [ "${1:-}" = --smoke ]; then exec "$VENV/bin/python" -m benchmarks --smoke; fi
+    # The clients' smoke runs the Rust bench program too.
+    if [ "${1:-}" = --smoke ]; then setup_rust; exec "$VENV/bin/python" -m benchmarks --smoke; fi
     benchmark=bench_turn
     if [ $# -gt 0 ] && [ -f "benchmarks/bench_${1#bench_}.py" ]; then benchmark=bench_${1#bench_}; shift; fi
-    # The clients benchmark runs each client's bench program: Node.js needs its packages.
-    if [ "$benchmark" = bench_clients ]; then setup_node; fi
+    # The clients benchmark runs each client's bench program: Node.js needs its packages, Rust its crates.
+    if [ "$benchmark" = bench_clients ]; then setup_node; setup_rust; fi
     exec "$VENV/bin/python" -m "benchmarks.$benchmark" "$@" ;;
   *)
     sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//' >&2
