@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One entry point for a fresh machine with python3 (>= 3.11) and gcc; the tests also need node (>= 20),
-# go (1.26), Java 17 with Maven, Rust (cargo, rustc >= 1.85) and PostgreSQL's server (.ci/run installs what is missing):
+# go (1.26), Java 17 with Maven, Rust (rustc >= 1.85) and PostgreSQL's server (.ci/run installs what is missing):
 #   ./dev.sh serve [flags]   set up, then run the sidecar (127.0.0.1:50051, LMDB in ./data)
 #   ./dev.sh test            set up, lint (ruff), type-check (mypy), run every test: Python, TypeScript, Go, Java, Rust
 #   ./dev.sh bench [name] [args]  set up, then run benchmarks/bench_<name>.py (default turn);
@@ -78,7 +78,8 @@ setup_rust() {
   command -v cargo >/dev/null || { echo "dev.sh: Rust (cargo, rustc 1.85 or newer) is needed for the Rust client's tests" >&2; exit 1; }
   local minor
   minor=$(rustc --version | sed -E 's/^rustc 1\.([0-9]+).*/\1/')
-  [ "$minor" -ge 85 ] || { echo "dev.sh: the Rust client needs rustc 1.85 or newer, not $(rustc --version)" >&2; exit 1; }
+  [ "$minor" -ge 85 ] 2>/dev/null \
+    || { echo "dev.sh: the Rust client needs rustc 1.85 or newer (rustup's, or Debian trixie's), not $(rustc --version)" >&2; exit 1; }
   # Cargo.lock holds versions that build with rustc 1.85 (Debian trixie's): --locked keeps them.
   (cd clients/rust && cargo fetch --locked --quiet)
 }
