@@ -68,7 +68,9 @@ impl Error {
         self.fields.iter().any(|violation| violation.field == field)
     }
 
-    fn from_status(method: &'static str, status: &Status) -> Self {
+    /// Decodes a status the generated stub returned (`stub()`, for `WatchEvents`' stream) the way
+    /// `Client`'s calls decode theirs; `method` names the RPC in the error.
+    pub fn from_status(method: &'static str, status: &Status) -> Self {
         let details = status.get_error_details();
         let (reason, metadata) = details
             .error_info()

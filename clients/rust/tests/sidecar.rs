@@ -5,7 +5,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::Sidecar;
-use context_sidecar_client::{Client, ServingStatus, pb};
+use context_sidecar_client::{Client, Error, ServingStatus, pb};
 use tonic::Code;
 
 fn event(event_id: &str, role: &str, kind: &str, call_id: &str, content: &str) -> pb::Event {
@@ -312,4 +312,25 @@ async fn a_host_crate_depending_by_path_runs_one_turn() {
         String::from_utf8_lossy(&built.stderr)
     );
     one_turn_runs(&target.join("debug").join("host")).await;
+}
+
+/// What the generated stub answers (WatchEvents' stream comes only from it) decodes the same way.
+#[tokio::test]
+async fn a_status_from_the_stub_decodes_into_an_error() {
+    let sidecar = Sidecar::start();
+    let client = Client::connect(sidecar.address()).unwrap();
+    let status = client
+        .stub()
+        .count_tokens(pb::CountTokensRequest {
+            token_counter: "bpe".into(),
+            texts: vec!["x".into()],
+        })
+        .await
+        .unwrap_err();
+    let error = Error::from_status("CountTokens", &status);
+    assert_eq!(
+        (error.code, error.reason.as_str()),
+        (Code::InvalidArgument, "validation_error")
+    );
+    assert!(error.has_field("token_counter"), "{:?}", error.fields);
 }
