@@ -243,7 +243,8 @@ impl Client {
 }
 
 /// Each unary RPC as a method of [`Client`]; `idempotent` says whether a repeat leaves what one
-/// call leaves (the Python client's table in sidecar/client/calls.py, kept the same).
+/// call leaves (the Python client's table, clients/python/context_sidecar_client/calls.py, kept
+/// the same).
 macro_rules! rpcs {
     ($($fn:ident, $name:literal, $req:ident => $resp:ident, |$r:ident| $idempotent:expr;)*) => {
         impl Client {
