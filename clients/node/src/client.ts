@@ -4,6 +4,7 @@
 
 import { Client as GrpcClient, credentials, Metadata, type ChannelOptions, type ClientReadableStream,
   type ServiceError } from '@grpc/grpc-js';
+import { BinaryReader, BinaryWriter, WireType } from '@bufbuild/protobuf/wire';
 
 import { callError } from './errors.js';
 import { ContextSidecarDefinition, type DeepPartial } from './gen/contextsidecar/v1/sidecar.js';
@@ -69,13 +70,25 @@ interface Codec {
 }
 
 // grpc.health.v1: the request's only field is `service` (1, a string); the response's only one
-// `status` (1, an enum), hand-coded since two one-field messages do not warrant a generated file.
+// `status` (1, an enum). Two one-field messages do not warrant a generated file, so they are
+// written and read with the protobuf runtime's wire codec (which the generated code uses too).
 const HEALTH: Codec = {
   serialize(request) {
-    const service = Buffer.from(String(request.service ?? ''), 'utf8');
-    return service.length === 0 ? Buffer.alloc(0) : Buffer.concat([Buffer.from([0x0a, service.length]), service]);
+    const service = String(request.service ?? '');
+    const writer = new BinaryWriter();
+    if (service !== '') writer.uint32(10).string(service);
+    return Buffer.from(writer.finish());
   },
-  deserialize: (bytes) => ({ status: bytes.length >= 2 && bytes[0] === 0x08 ? bytes[1] : 0 }),
+  deserialize(bytes) {
+    const reader = new BinaryReader(bytes);
+    let status = 0;
+    while (reader.pos < reader.len) {
+      const [field, wireType] = reader.tag();
+      if (field === 1 && wireType === WireType.Varint) status = reader.int32();
+      else reader.skip(wireType, field);
+    }
+    return { status };
+  },
 };
 
 function codec(method: Definition[MethodName]): Codec {
