@@ -12,7 +12,7 @@ from sidecar.text.fencing import fence
 from sidecar.transcript import summaries
 from sidecar.transcript.schema import run_key, summary_record
 from sidecar.transcript.transcripts import NewEvent, Summary, SummaryRequest
-from tests.helpers import TENANT, assemble
+from tests.helpers import TENANT, Sidecar, all_events, assemble, ev
 
 
 def event(event_id: str, iteration: int, content: str = "x" * 10, role: str = "user", type: str = "message",
@@ -354,3 +354,116 @@ def test_each_compaction_record_names_the_task_in_force_when_it_was_recorded(sta
 
     assert task_ids("tasked") == ["task-1", "task-2", "task-2", "task-1"]
     assert task_ids("untasked") == ["untasked"]
+
+
+def words(tokens: int) -> str:
+    """A text of exactly ``tokens`` o200k_base tokens."""
+    return "word" + " word" * (tokens - 1)
+
+
+@pytest.mark.parametrize("own_entry", ["context.summarized", "context.cleared"])
+def test_the_sidecars_own_log_entries_weigh_nothing_in_the_compaction_signal(start_server, counters,
+                                                                              own_entry: str) -> None:
+    """The log entries the sidecar appends itself (a summary's ``context.summarized``, a
+    clearing's ``context.cleared``) are not transcript: the protected turns' tokens that the
+    compaction signal reports, and compares with the trigger, are their host events' alone, as
+    fed, even with such an entry among them. Budget 1,000, trigger 750, keep_last_turns 2."""
+    clearing = {"clear_at_least_tokens": 50, "keep_recent": 0} if own_entry == "context.cleared" else \
+        {"enabled": False}
+    stub = start_server(token_counter="o200k_base", transcript_token_budget=1000, keep_last_turns=2,
+                        summarization=True, clearing=clearing).stub
+    count = counters.get("o200k_base").count
+    if own_entry == "context.summarized":
+        # Turn 3 passes the trigger (900); turn 1 is summarised for turn 4, the summary's entry
+        # then lying between turns 3 and 4: inside turn 4's protected turns.
+        turns = {1: [ev("u1", content=words(300))], 2: [ev("u2", content=words(300))],
+                 3: [ev("u3", content=words(300))], 4: [ev("u4", content=words(800))]}
+    else:
+        # Turn 3 passes the clearing trigger (800) and clears turn 1's result: the clearing's
+        # entry lies after turn 3's events, inside turn 4's protected turns.
+        turns = {1: [ev("u1", content=words(20)), ev("c1", role="assistant", type="tool_call", call_id="k1",
+                                                     tool_name="search", content='{"q": "refunds"}'),
+                     ev("r1", role="tool", type="tool_result", call_id="k1", content=words(300))],
+                 2: [ev("u2", content=words(20))], 3: [ev("u3", content=words(500))], 4: [ev("u4", content=words(400))]}
+    answers = {}
+    for turn, events in turns.items():
+        answers[turn] = stub.AssembleContext(pb.AssembleContextRequest(run_id="run", iteration=turn,
+                                                                       append_events=events))
+        if answers[turn].compaction.due:
+            stub.RecordSummary(pb.RecordSummaryRequest(
+                run_id="run", iteration=turn + 1, replaced_event_ids=answers[turn].compaction.candidate_event_ids,
+                summary_text="Turn 1: a long question."))
+    log = all_events(stub, "run")
+    own = [e for e in log if e.type == own_entry]
+    assert len(own) == 1 and own[0].iteration in (3, 4), [(e.event_id, e.iteration) for e in log]
+    # Turn 4's protected turns (3 and 4) hold the sidecar's entry and the host's u3 and u4.
+    assert [e.event_id for e in log if e.iteration >= 3] == ["u3", own[0].event_id, "u4"]
+    protected = count(turns[3][0].content) + count(turns[4][0].content)
+    assert protected > 750
+    reason = answers[4].compaction.reason
+    assert not answers[4].compaction.due
+    assert reason.startswith("protected_turns_exceed_trigger: "), reason
+    assert f"hold {protected} tokens, over the compaction trigger of 750" in reason, reason
+
+
+SIDECAR_FLAGS = ("--token-counter", "o200k_base", "--transcript-token-budget", "1000", "--keep-last-turns", "1",
+                 "--summarization", "--clearing-clear-at-least-tokens", "50", "--clearing-keep-recent", "0")
+
+
+@pytest.mark.parametrize("restart", [False, True], ids=["one-sidecar", "restarted"])
+def test_a_clearing_after_a_summary_does_not_bring_the_next_one_forward(tmp_path, counters, restart: bool) -> None:
+    """Once a summary is in force, compaction is due again only once more than the trigger's worth
+    of transcript (750 of 1,000) came after it: the host's events, as fed (a cleared result at its
+    placeholder's count), recounted here. A clearing's ``context.cleared`` entry among them adds
+    nothing: at exactly 750 it is not due, one token more and it is. So too on a replay fork from
+    after the summary (its ``context.summarized`` entry copied, the clearing made again), and on a
+    sidecar restarted on the same folder before the turn at 750."""
+    count = counters.get("o200k_base").count
+    sidecar = Sidecar(tmp_path, *SIDECAR_FLAGS)
+    try:
+        def assemble_turn(run_id: str, turn: int, *events: pb.Event) -> pb.AssembleContextResponse:
+            return sidecar.stub.AssembleContext(pb.AssembleContextRequest(run_id=run_id, iteration=turn,
+                                                                          append_events=events))
+
+        for turn in (1, 2):
+            assert not assemble_turn("run", turn, ev(f"u{turn}", content=words(300))).compaction.due
+        due = assemble_turn("run", 3, ev("u3", content=words(300))).compaction
+        assert due.due and list(due.candidate_event_ids) == ["u1"]
+        sidecar.stub.RecordSummary(pb.RecordSummaryRequest(
+            run_id="run", iteration=4, replaced_event_ids=due.candidate_event_ids,
+            summary_text="Turn 1: a long question."))
+        # Turn 5 clears turn 4's result (older than the recent turns, the window past the clearing's trigger).
+        turns = {4: [ev("u4", content=words(20)), ev("c4", role="assistant", type="tool_call", call_id="k4",
+                                                      tool_name="search", content='{"q": "x"}'),
+                     ev("r4", role="tool", type="tool_result", call_id="k4", content=words(300))],
+                 5: [ev("u5", content=words(400))]}
+        since = ("u4", "c4", "r4", "u5")
+
+        def play(run_id: str) -> tuple[pb.AssembleContextResponse, pb.AssembleContextResponse]:
+            nonlocal sidecar
+            assemble_turn(run_id, 4, *turns[4])
+            fifth = assemble_turn(run_id, 5, *turns[5])
+            assert [e.type for e in all_events(sidecar.stub, run_id)][-1] == "context.cleared"
+            fed = {e.event_id: e.text for e in fifth.entries}
+            assert fed["r4"].startswith("[tool result cleared") and not fifth.compaction.due
+            if restart and run_id == "run":
+                sidecar.stop()
+                sidecar = Sidecar(tmp_path, *SIDECAR_FLAGS)
+            turns.setdefault(6, [ev("u6", content=words(750 - sum(count(fed[event_id]) for event_id in since)))])
+            sixth = assemble_turn(run_id, 6, *turns[6])
+            fed = {e.event_id: e.text for e in sixth.entries}
+            assert sum(count(fed[event_id]) for event_id in (*since, "u6")) == 750
+            return sixth, assemble_turn(run_id, 7, ev("u7", content=words(1)))
+
+        sixth, seventh = play("run")
+        log = all_events(sidecar.stub, "run")
+        assert (sixth.compaction.due, sixth.compaction.reason) == (False, "")
+        assert seventh.compaction.due
+        sidecar.stub.ForkRun(pb.ForkRunRequest(source_run_id="run", new_run_id="fork", mode="replay",
+                                               from_seq=next(e.seq for e in log if e.event_id == "u4")))
+        assert [e.type for e in all_events(sidecar.stub, "fork")][-1] == "context.summarized"
+        replayed = play("fork")
+        assert [(a.compaction.due, a.compaction.reason) for a in replayed] == [(False, ""), (True, "")]
+        assert [list(a.entries) for a in replayed] == [list(a.entries) for a in (sixth, seventh)]
+    finally:
+        sidecar.stop()
