@@ -1,10 +1,11 @@
 """A run's event log: appending entries and reading them back.
 
-The log holds the host's events and the sidecar's own entries (``context.summarized``), in one
-seq space. Every entry is kept as its record (``events``), its id (``event_ids`` index and the
-per-chunk id lists) and a packed count record (``counts``) that fastcore walks; the sidecar's
-entries are marked ``NOT_A_UNIT`` there, so they weigh nothing in a window, and indexed by seq
-(``log_entries``, valued with how many came before), so finding them never scans the log.
+The log holds the host's events and the sidecar's own entries (``context.summarized``,
+``context.cleared``), in one seq space. Every entry is kept as its record (``events``), its id
+(``event_ids`` index and the per-chunk id lists) and a packed count record (``counts``) that
+fastcore walks; the sidecar's entries are marked ``NOT_A_UNIT`` there, with 0 tokens, so they
+weigh nothing in a window or in any sum over the counts, and indexed by seq (``log_entries``,
+valued with how many came before), so finding them never scans the log.
 An event's count record holds what it weighs when fed: its own count, until the sidecar feeds it
 in a shorter form from some turn on (``clearing``), then that form's.
 """

@@ -320,9 +320,10 @@ def write_summary(writer: LogWriter, summary: Summary, text: str, role: str, tok
 
 def append_compaction(writer: LogWriter, entry: StoredEvent, kind: str, removed: tuple[str, ...], summary_ref: str,
                       tokens_before: int, tokens_after: int, by: str) -> None:
-    """Append the sidecar's log ``entry`` and its compaction record: records are numbered by the
-    entry's place among the run's log entries (summaries, clearings), so a page of them follows
-    the log and a fork takes those below its seq."""
+    """Append the sidecar's log ``entry`` and its compaction record. The entry's tokens are 0, and
+    so is its count record: sums over the log's counts (the window's, the compaction signal's) add
+    it in. Records are numbered by the entry's place among the run's log entries (summaries,
+    clearings), so a page of them follows the log and a fork takes those below its seq."""
     index = writer.run.log_entries
     writer.append(entry, fastcore.NOT_A_UNIT)
     put_compaction_record(writer.txn, writer.db, writer.key, CompactionRecord(
@@ -633,8 +634,10 @@ def recent_from(settings: RunSettings, counts: bytes, base_seq: int, iteration: 
 
 
 def _tokens_between(counts: bytes, base_seq: int, start: int, end: int) -> int:
-    """The tokens of the entries of ``[start, end)`` in ``counts`` (which begin at ``base_seq``);
-    the sidecar's own log entries weigh nothing there."""
+    """The tokens of the entries of ``[start, end)`` in ``counts`` (which begin at ``base_seq``).
+    The sidecar's own log entries there (``context.summarized``, ``context.cleared``) are summed
+    too, at the 0 tokens their count records hold: :func:`append_compaction` writes them with none
+    and nothing recounts them (only a host event's form does), so the sum is the host events' as fed."""
     return sum(tokens_at(counts, base_seq, seq) for seq in range(max(start, base_seq), end))
 
 
