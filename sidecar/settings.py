@@ -8,6 +8,7 @@ command-line flags. Every error names the key and where its value came from.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import ipaddress
 import os
 import re
@@ -263,6 +264,10 @@ class LogSettings:
                           flag="--log-format")
 
 
+# With no tenants configured, every call belongs to this one tenant.
+DEFAULT_TENANT = "default"
+
+
 @dataclass(frozen=True)
 class TenantCredential:
     tenant_id: str
@@ -275,6 +280,11 @@ class AuthSettings:
     sidecar serves the single tenant ``default``, on loopback or a Unix socket only."""
 
     tenants: tuple[TenantCredential, ...] = ()
+
+    def tenant_of_token(self, token: str) -> str | None:
+        """The tenant whose bearer token this is; None when it is no tenant's."""
+        digest = hashlib.sha256(token.strip().encode("utf-8")).hexdigest()
+        return next((t.tenant_id for t in self.tenants if t.token_sha256 == digest), None) if token.strip() else None
 
 
 @dataclass(frozen=True)

@@ -6,33 +6,28 @@ configured or stored. With no tenants configured, every call belongs to :data:`D
 
 from __future__ import annotations
 
-import hashlib
 from typing import cast
 
 import grpc
 
 from sidecar.errors import Unauthenticated
-from sidecar.settings import TenantCredential
-
-# With no tenants configured, every call belongs to this one tenant.
-DEFAULT_TENANT = "default"
+from sidecar.settings import DEFAULT_TENANT, AuthSettings, TenantCredential
 
 
 class TenantOf:
     """CTI-1: the tenant of a call comes from its bearer token, never from a request field."""
 
     def __init__(self, tenants: tuple[TenantCredential, ...]) -> None:
-        self._by_token_sha256 = {t.token_sha256: t.tenant_id for t in tenants}
+        self._auth = AuthSettings(tenants)
 
     def __call__(self, context: grpc.ServicerContext) -> str:
-        if not self._by_token_sha256:
+        if not self._auth.tenants:
             return DEFAULT_TENANT
         for name, value in context.invocation_metadata():
             if name == "authorization":
                 # Only a key ending in "-bin" carries bytes: this one's value is text.
                 scheme, _, token = cast(str, value).partition(" ")
-                tenant = self._by_token_sha256.get(hashlib.sha256(token.strip().encode("utf-8")).hexdigest()) \
-                    if scheme.lower() == "bearer" and token.strip() else None
+                tenant = self._auth.tenant_of_token(token) if scheme.lower() == "bearer" else None
                 if tenant is None:
                     raise Unauthenticated("the bearer token names no tenant")
                 return tenant
