@@ -27,6 +27,7 @@ from sidecar.telemetry import logs
 CONTRACT_ROOT = Path(__file__).resolve().parent / "pb"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 LOG_LEVEL = "INFO"  # --log-level's default
+INSPECT_LISTEN = "127.0.0.1:7070"  # inspect --inspector-listen's default
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -61,6 +62,15 @@ def _parser() -> argparse.ArgumentParser:
     proto.add_argument("--write", metavar="DIR", type=Path,
                        help="copy the files under DIR (DIR/contextsidecar/v1/sidecar.proto, DIR/google/rpc/...) "
                             "and print each path written")
+    inspect = commands.add_parser(
+        "inspect", help="serve a local, read-only web page over the store's runs",
+        description="Serve the run inspector (docs/inspector.md) over the store serve uses, given the same "
+                    "flags, environment and file, until SIGTERM or SIGINT: the runs, each run's turns and "
+                    "exactly what each turn fed. Loopback only; with [[auth.tenants]], a tenant's token is "
+                    "asked for and only its runs are shown.")
+    _add_setting_flags(inspect)
+    inspect.add_argument("--inspector-listen", dest="inspector_listen", default=INSPECT_LISTEN, metavar="HOST:PORT",
+                         help=f"loopback address to serve on (port 0: any free one); default: {INSPECT_LISTEN}")
     # Listed here for --help; its arguments are its own (sidecar/bench/command.py), read in main().
     commands.add_parser("bench", add_help=False,
                         help="measure a running sidecar with synthetic agent turns (bench --help)")
@@ -173,13 +183,44 @@ def main(argv: Sequence[str] | None = None) -> int:
     from sidecar.text.encodings import EncodingIntegrityError
 
     try:
-        return serve(settings)
+        return inspect(settings, args.inspector_listen) if args.command == "inspect" else serve(settings)
     except ConfigError as error:  # found once the domain opens: a plugin or a state schema
         print(f"context-sidecar: configuration error: {error}", file=sys.stderr)
         return 2
     except (EncodingIntegrityError, OSError, StoreError) as error:
         print(f"context-sidecar: cannot start: {error}", file=sys.stderr)
         return 3
+
+
+def inspect(settings: Settings, listen: str) -> int:
+    """Serve the run inspector over the store until SIGTERM or SIGINT."""
+    import signal
+    import threading
+
+    from sidecar.inspector.server import Inspector, InspectorServer, NotLoopback, loopback_address
+    from sidecar.wire.server import Services
+
+    try:
+        loopback_address(listen)  # refused before the store opens
+    except NotLoopback as error:
+        print(f"context-sidecar: cannot start: {error}", file=sys.stderr)
+        return 3
+    services = Services.open(settings)
+    try:
+        server = InspectorServer(Inspector(services.transcripts, settings.auth), listen)
+    except BaseException:
+        services.close()
+        raise
+
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda signum, frame: stopping.set())
+    signal.signal(signal.SIGINT, lambda signum, frame: stopping.set())
+    server.start()
+    print(f"context-sidecar inspector on {server.url}", flush=True)
+    stopping.wait()
+    server.stop()  # the page being served finishes first: the store closes after it
+    services.close()
+    return 0
 
 
 if __name__ == "__main__":

@@ -102,8 +102,8 @@ def outermost(names: set[str]) -> list[str]:
 
 
 def layer_of(relative: Path) -> str:
-    """wire, client, bench, entry, area, storage, text, telemetry, shared, fastcore, or package (sidecar/__init__,
-    plugin_api)."""
+    """wire, inspector, client, bench, entry, area, storage, text, telemetry, shared, fastcore, or
+    package (sidecar/__init__, plugin_api)."""
     parts = relative.parts
     if parts[0] == "fastcore":
         return "fastcore"
@@ -137,11 +137,15 @@ def layer_imported(name: str) -> str | None:
 # calls as a host does), and only the entry (cli.py) imports it.
 # sidecar/telemetry is cross-cutting like errors and settings: every layer of the server may import
 # it, and it imports nothing of the sidecar except those two.
+# sidecar/inspector (the run inspector's web page) stands beside the wire, over the areas: it imports
+# no wire (nor grpc or the API stubs), and only the entry (cli.py) imports it.
 
 FORBIDDEN = {
-    "area": {"wire", "entry"},
-    "storage": {"area", "text", "wire", "entry"},
-    "text": {"area", "storage", "wire", "entry"},
+    "area": {"wire", "entry", "inspector"},
+    "storage": {"area", "text", "wire", "entry", "inspector"},
+    "text": {"area", "storage", "wire", "entry", "inspector"},
+    "inspector": {"wire", "entry", "bench"},
+    "wire": {"inspector"},
 }
 
 
@@ -540,10 +544,10 @@ def layout_violations(root: Path) -> list[str]:
 def test_the_real_tree_is_read_whole() -> None:
     found = sources(ROOT)
     assert len(found) > 40 and Path("fastcore/_fastcore.pyx") in found and Path("sidecar/wire/server.py") in found
-    assert all(layer_of(path) in ("wire", "bench", "entry", "area", "storage", "text", "shared",
+    assert all(layer_of(path) in ("wire", "inspector", "bench", "entry", "area", "storage", "text", "shared",
                                   "telemetry", "fastcore", "package")
                for path in found), {path: layer_of(path) for path in found}
-    assert Path("sidecar/telemetry/metrics.py") in found
+    assert Path("sidecar/telemetry/metrics.py") in found and Path("sidecar/inspector/server.py") in found
     assert "context_sidecar_client.v1.sidecar_pb2" in imported(ROOT, Path("sidecar/wire/servicer.py"))
     assert Path("clients/python/context_sidecar_client/sync.py") in client_sources(ROOT)
 
@@ -649,8 +653,12 @@ BENCH_REGISTRY = """# Benchmarks
 LAWFUL = {
     "sidecar/__init__.py": "",
     "sidecar/__main__.py": "from sidecar.cli import main\n",
-    "sidecar/cli.py": ("from sidecar.wire.server import serve\nfrom sidecar.settings import load_settings\n\n\n"
+    "sidecar/cli.py": ("from sidecar.wire.server import serve\nfrom sidecar.settings import load_settings\n"
+                       "from sidecar.inspector.server import Inspector\n\n\n"
                        "def bench(argv):\n    from sidecar.bench.command import main\n"),
+    "sidecar/inspector/server.py": ("from sidecar.transcript.transcripts import Transcripts\n"
+                                    "from sidecar.text.fencing import is_fenced\nfrom sidecar.errors import NotFound\n"
+                                    "from sidecar.settings import AuthSettings\nfrom . import pages\n"),
     "sidecar/errors.py": ERRORS,
     "sidecar/settings.py": "import tomllib\n",
     "sidecar/validation.py": "import jsonschema\n\nfrom sidecar.errors import ValidationError\n",
@@ -747,6 +755,14 @@ BREAKS = [
     ("layers", {"sidecar/transcript/log.py": "from sidecar.wire import status\n"},
      "sidecar/transcript/log.py: imports sidecar.wire, but the area layer may not import the wire layer"),
     ("layers", {"sidecar/tenant_events/log.py": "import sidecar.cli\n"}, "the area layer may not import the entry"),
+    ("layers", {"sidecar/inspector/server.py": "from sidecar.wire.auth import TenantOf\n"},
+     "sidecar/inspector/server.py: imports sidecar.wire.auth, but the inspector layer may not import the wire layer"),
+    ("layers", {"sidecar/inspector/pages.py": "import grpc\n"},
+     "sidecar/inspector/pages.py: imports grpc, which only sidecar/wire and the client may import"),
+    ("layers", {"sidecar/transcript/runs.py": "from sidecar.inspector import pages\n"},
+     "sidecar/transcript/runs.py: imports sidecar.inspector, but the area layer may not import the inspector layer"),
+    ("layers", {"sidecar/wire/servicer.py": "from sidecar.inspector.server import Inspector\n"},
+     "sidecar/wire/servicer.py: imports sidecar.inspector.server, but the wire layer may not import the inspector"),
     ("layers", {"sidecar/storage/keys.py": "from sidecar.memory.api import Memories\n"},
      "sidecar/storage/keys.py: imports sidecar.memory.api, but the storage layer may not import the area layer"),
     ("layers", {"sidecar/storage/keys.py": "from ..text import counting\n"},

@@ -165,6 +165,12 @@ def put_run_record(txn: Txn, db: dict, key: bytes, data: bytes) -> None:
     txn.put(key, data, db=db["runs"])
 
 
+def run_records_of(txn: Txn, db: dict, tenant: str) -> Iterator[tuple[bytes, bytes]]:
+    """Each run of ``tenant``, in key order (its id's bytes): (its key, its record)."""
+    prefix = scope(tenant)
+    return ((prefix + suffix, value) for suffix, value in records_under(txn, db["runs"], prefix))
+
+
 # -- the log: entries, ids, counts -------------------------------------------------------------
 
 def event_record(txn: Txn, db: dict, key: bytes, seq: int) -> bytes:
@@ -535,6 +541,12 @@ def window_at(txn: Txn, db: dict, key: bytes, iteration: int) -> WindowRecord | 
     """The window persisted for ``iteration``; None when it was never assembled."""
     stored = _get(txn, db["windows"], numbered_key(key, iteration))
     return None if stored is None else WindowRecord.parse(stored)
+
+
+def windows_of(txn: Txn, db: dict, key: bytes) -> Iterator[tuple[int, WindowRecord]]:
+    """Every window persisted for the run, by iteration: (iteration, the window)."""
+    for suffix, value in records_under(txn, db["windows"], key):
+        yield int.from_bytes(suffix, "big"), WindowRecord.parse(value)
 
 
 def window_bytes(txn: Txn, db: dict, key: bytes, iteration: int) -> bytes | None:

@@ -57,8 +57,11 @@ from sidecar.transcript.schema import (
     event_record,
     iter_records,
     log_entries_in,
+    run_id_of,
     run_key,
+    run_records_of,
     window_at,
+    windows_of,
 )
 from sidecar.transcript.summaries import (
     Summary,
@@ -71,6 +74,29 @@ from sidecar.transcript.summaries import (
 from sidecar.transcript.turn import AssembledContext, Turn, TurnServices
 from sidecar.transcript.window import ReadBack, TranscriptWindow, from_record
 from sidecar.validation import check_at_least, check_id, check_unbroken_runs, page_size, page_within_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class RunOverview:
+    """One run, as a reader browsing the store first sees it."""
+
+    run_id: str
+    turns: int  # iterations whose window was fed
+    tokens: int  # everything fed on the newest of them
+    last_turn_ms: int  # when the newest was first assembled (ms since the epoch; 0: never)
+    summaries: int  # summaries recorded in the run
+
+
+@dataclass(frozen=True, slots=True)
+class TurnOverview:
+    """One fed window of a run, in brief."""
+
+    iteration: int
+    budget: int  # the transcript's token budget
+    transcript_tokens: int  # the transcript fed, its clips as clipped
+    fed_tokens: int  # everything fed: the transcript, the sections and the tools
+    summaries: int  # summaries fed in the window
+
 
 R = TypeVar("R")  # what a writing call's caller makes of its result (``respond``)
 # Each run's token counter by its key, as its last append found it: what a call counts its
@@ -324,6 +350,26 @@ class Transcripts:
             if record is None:
                 raise NotFound(f"iteration {iteration} of run {run_id!r} was never assembled")
             return from_record(self._deps, txn, key, run_id, iteration, record, with_ranges=True)
+
+    def runs(self, tenant: str) -> list[RunOverview]:
+        """Every run of ``tenant``, in id order, with its newest fed window's size."""
+        overviews = []
+        with self._store.read() as txn:
+            for key, record in run_records_of(txn, self._db, tenant):
+                run = Run.parse(record)
+                turns = sum(1 for _ in windows_of(txn, self._db, key))
+                newest = window_at(txn, self._db, key, run.last_assembled) if run.last_assembled else None
+                overviews.append(RunOverview(run_id_of(key), turns, newest.fed_tokens if newest else 0,
+                                             run.last_turn_ms, run.summaries))
+        return overviews
+
+    def turns(self, tenant: str, run_id: str) -> list[TurnOverview]:
+        """Each window fed in the run, by iteration (NotFound: no such run of ``tenant``)."""
+        key = run_key(tenant, run_id)
+        with self._store.read() as txn:
+            require_run(txn, self._db, key, run_id)
+            return [TurnOverview(iteration, record.budget, record.tokens, record.fed_tokens, len(record.summaries))
+                    for iteration, record in windows_of(txn, self._db, key)]
 
     # -- summaries ----------------------------------------------------------------------------
 

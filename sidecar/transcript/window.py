@@ -63,6 +63,7 @@ class Clip:
     text: str  # head + elision marker + tail, or a cleared result's placeholder
     tokens: int  # count of ``text``
     original_tokens: int  # the event content's own count
+    kind: str = "clipped"  # "clipped" or "cleared" (FedForm.kind): what a reader is told the entry was
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +72,7 @@ class WindowEntry:
     text: str  # what was fed: the content, or its clipped form
     tokens: int  # count of ``text`` in the run's counter
     clipped_from_tokens: int  # the content's own count when clipped, else 0
+    fed_as: str = ""  # "" (the content itself), "clipped" or "cleared"
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +112,7 @@ class TranscriptWindow:
             if clip is None:
                 entries.append(WindowEntry(event, event.content, event.tokens, 0))
             else:
-                entries.append(WindowEntry(event, clip.text, clip.tokens, clip.original_tokens))
+                entries.append(WindowEntry(event, clip.text, clip.tokens, clip.original_tokens, clip.kind))
         return entries
 
 
@@ -510,7 +512,7 @@ def _from_record(deps: Deps, txn: Txn, key: bytes, run_id: str, iteration: int, 
             return seq - start - bisect_left(skip, seq)
 
         for form in forms_listed(txn, db, key, record.fed or []):
-            clips[len(refs) + position_of(form.seq)] = Clip(form.text, form.tokens, form.original_tokens)
+            clips[len(refs) + position_of(form.seq)] = Clip(form.text, form.tokens, form.original_tokens, form.kind)
         for seq, text, tokens in record.clipped:
             position = position_of(seq)
             clips[len(refs) + position] = Clip(text, tokens, decode_event(records[position]).tokens)

@@ -1,0 +1,147 @@
+"""The inspector's HTTP server: standard library, loopback only, GET only, one read per page.
+
+With tenants configured, a page is served only to a tenant's bearer token, given once as
+``?token=`` (or an ``Authorization: Bearer`` header) and then kept in a session cookie; each
+tenant sees its own runs, and another tenant's run answers 404 as a run that does not exist would.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import socket
+import threading
+from http import HTTPStatus
+from http.cookies import SimpleCookie
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
+
+from sidecar.errors import NotFound, ValidationError
+from sidecar.inspector import pages
+from sidecar.settings import DEFAULT_TENANT, AuthSettings
+from sidecar.transcript.transcripts import Transcripts
+
+log = logging.getLogger(__name__)
+COOKIE = "inspector_token"
+
+
+class NotLoopback(ValueError):
+    """The inspector shows every run of a tenant: it listens on this machine's loopback only."""
+
+
+def loopback_address(listen: str) -> tuple[str, int]:
+    """``host:port`` as (host, port), host a loopback address or ``localhost``."""
+    host, _, port = listen.rpartition(":")
+    host = host.strip("[]")
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback or not port.isdigit():
+        raise NotLoopback(f"the inspector listens on loopback only (127.0.0.1:PORT, [::1]:PORT): not {listen!r}")
+    return host, int(port)
+
+
+class Inspector:
+    """The pages over ``transcripts``, for the tenants of ``auth``."""
+
+    def __init__(self, transcripts: Transcripts, auth: AuthSettings) -> None:
+        self._transcripts = transcripts
+        self._auth = auth
+
+    def tenant(self, token: str | None) -> str | None:
+        """The tenant a request's token names (without tenants configured: the default one)."""
+        if not self._auth.tenants:
+            return DEFAULT_TENANT
+        return self._auth.tenant_of_token(token) if token else None
+
+    def answer(self, tenant: str, path: str, query: dict[str, list[str]]) -> tuple[HTTPStatus, str]:
+        parts = [unquote(part) for part in path.strip("/").split("/")] if path.strip("/") else []
+        try:
+            if not parts:
+                search = query.get("q", [""])[0]
+                runs = [run for run in self._transcripts.runs(tenant) if search in run.run_id]
+                return HTTPStatus.OK, pages.runs_page(runs, search)
+            if len(parts) == 2 and parts[0] == "runs":
+                return HTTPStatus.OK, pages.run_page(parts[1], self._transcripts.turns(tenant, parts[1]))
+            if len(parts) == 4 and parts[0] == "runs" and parts[2] == "turns" and parts[3].isdigit():
+                window = self._transcripts.transcript_window(tenant, parts[1], int(parts[3]))
+                return HTTPStatus.OK, pages.turn_page(window)
+        except (NotFound, ValidationError) as error:  # no such run of this tenant, or no such id at all
+            return HTTPStatus.NOT_FOUND, pages.message_page("Not found", error.message)
+        return HTTPStatus.NOT_FOUND, pages.message_page("Not found", f"no page at {path}")
+
+
+def _handler(inspector: Inspector) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "context-sidecar-inspector"
+
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            url = urlsplit(self.path)
+            query = parse_qs(url.query)
+            given = query.pop("token", [None])[0]
+            header = self.headers.get("Authorization", "")
+            cookie = SimpleCookie(self.headers.get("Cookie", "")).get(COOKIE)
+            token = given or (header[7:] if header.lower().startswith("bearer ") else None) \
+                or (unquote(cookie.value) if cookie else None)
+            tenant = inspector.tenant(token)
+            if tenant is None:
+                self._send(HTTPStatus.UNAUTHORIZED, pages.token_page(wrong=token is not None))
+            elif given is not None:  # kept in a cookie, and off the address bar
+                self.send_response(HTTPStatus.SEE_OTHER)
+                self.send_header("Set-Cookie", f"{COOKIE}={quote(given, safe='')}; HttpOnly; SameSite=Strict; Path=/")
+                self.send_header("Location", url.path + (f"?{urlencode(query, doseq=True)}" if query else ""))
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+            else:
+                self._send(*inspector.answer(tenant, url.path, query))
+
+        def _send(self, status: HTTPStatus, body: str) -> None:
+            data = body.encode("utf-8")
+            self.send_response(status)
+            self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.send_header("Content-Length", str(len(data)))
+            # Nothing of the page is fetched from elsewhere, and no other site may frame it.
+            self.send_header("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; "
+                                                        "form-action 'self'; frame-ancestors 'none'")
+            self.send_header("Cache-Control", "no-store")
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (http.server's name)
+            log.debug("inspector: " + format, *args)
+
+    return Handler
+
+
+class _ThreadingHTTPServer6(ThreadingHTTPServer):
+    """For an IPv6 loopback: the standard server binds IPv4 unless told otherwise."""
+
+    address_family = socket.AF_INET6
+
+
+class InspectorServer:
+    """The inspector, listening; :meth:`stop` ends it."""
+
+    def __init__(self, inspector: Inspector, listen: str) -> None:
+        host, port = loopback_address(listen)
+        server_class = _ThreadingHTTPServer6 if ":" in host else ThreadingHTTPServer
+        self._http = server_class((host, port), _handler(inspector))
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host, port = self._http.server_address[:2]
+        host = str(host)
+        return f"http://{f'[{host}]' if ':' in host else host}:{port}"
+
+    def start(self) -> InspectorServer:
+        self._thread = threading.Thread(target=self._http.serve_forever, name="inspector", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._http.shutdown()
+        self._http.server_close()
+        if self._thread:
+            self._thread.join()

