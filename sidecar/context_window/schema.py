@@ -81,6 +81,12 @@ def read_last_usage(txn: Txn, db: Mapping[str, Db], key: bytes) -> dict[str, Any
     return load_json(found[1]) if found else None
 
 
+def read_usage(txn: Txn, db: Mapping[str, Db], key: bytes, iteration: int) -> dict[str, Any] | None:
+    """The fields of the usage recorded for ``iteration``; None when there is none."""
+    found = txn.get(key + be32(iteration), db=db["usage"])
+    return load_json(found) if found is not None else None
+
+
 # -- a fork -------------------------------------------------------------------------------------
 
 def copy_to_fork(txn: Txn, db: Mapping[str, Db], source_key: bytes, fork_key: bytes,

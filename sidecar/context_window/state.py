@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 import jsonschema
 
-from sidecar.context_window.schema import put_usage, read_last_usage
+from sidecar.context_window.schema import put_usage, read_last_usage, read_usage
 from sidecar.errors import FieldViolation, NotFound, StateInvalid, ValidationError
 from sidecar.storage.keys import Db, Txn
 from sidecar.text.redaction import redact_json_text
@@ -148,4 +148,10 @@ def record_usage(txn: Txn, db: dict[str, Db], key: bytes, run_id: str, iteration
 def last_usage(txn: Txn, db: dict[str, Db], key: bytes) -> Usage | None:
     """The usage of the newest iteration that has one."""
     fields = read_last_usage(txn, db, key)
+    return Usage(**fields) if fields else None
+
+
+def usage_of(txn: Txn, db: dict[str, Db], key: bytes, iteration: int) -> Usage | None:
+    """The usage recorded for ``iteration``; None when RecordUsage was not called for it."""
+    fields = read_usage(txn, db, key, iteration)
     return Usage(**fields) if fields else None

@@ -17,6 +17,14 @@ th { background: #f3f3f3; text-align: left; } td.number { text-align: right; }
 td.text { white-space: pre-wrap; font-family: ui-monospace, monospace; max-width: 60em; }
 tr.untrusted td.text { background: #fff4e0; } .tag { font-size: 12px; padding: 0 .3em; border-radius: 3px; }
 .untrusted-tag { background: #f0a030; color: #000; } .form-tag { background: #ddd; }
+td.timeline { padding: 0 .25em; } .sections { fill: #8a9bb0; } .verbatim { fill: #3f7fd0; }
+.clipped { fill: #f0a030; } .cleared { fill: #b0b0b0; }
+.budget { fill: none; stroke: #222; stroke-dasharray: 3 2; } .predicted { fill: #4caf50; } .reported { fill: #1b5e20; }
+.cache-break path, .cache-key { fill: #d32f2f; color: #d32f2f; }
+.key { display: inline-block; width: 1em; height: .7em; } span.sections { background: #8a9bb0; }
+span.verbatim { background: #3f7fd0; } span.clipped { background: #f0a030; }
+span.cleared { background: #b0b0b0; } span.budget { border: 1px dashed #222; }
+span.predicted { background: #4caf50; } span.reported { background: #1b5e20; }
 """
 
 
@@ -53,13 +61,86 @@ def runs_page(runs: list[RunOverview], query: str) -> str:
                         + ("" if runs else "<p>No runs.</p>"))
 
 
-def run_page(run_id: str, turns: list[TurnOverview]) -> str:
+BAR_WIDTH = 320  # px: the widest bar of a page; every bar of the page is on its scale
+# Each part of a turn's bar: its CSS class, its legend, the tokens it stands for.
+BAR_PARTS = (("sections", "sections and tools", lambda t: t.fed_tokens - t.transcript_tokens),
+             ("verbatim", "transcript as stored",
+              lambda t: t.transcript_tokens - t.clipped_tokens - t.cleared_tokens),
+             ("clipped", "events fed clipped", lambda t: t.clipped_tokens),
+             ("cleared", "tool results fed as their cleared placeholder", lambda t: t.cleared_tokens))
+
+
+def _bar(turn: TurnOverview, scale: float) -> str:
+    """The turn's timeline row as inline SVG: what was fed, stacked, against the transcript's
+    budget (the dashed box after the sections); under it the cached share the cache report
+    predicted and the one the provider reported; a red mark where the cache broke."""
+    def x(tokens: int) -> float:
+        return round(tokens * scale, 1)
+
+    fixed = turn.fed_tokens - turn.transcript_tokens
+    shapes, at = [], 0
+    for css, legend, tokens_of in BAR_PARTS:
+        tokens = tokens_of(turn)
+        shapes.append(f'<rect class="part {css}" x="{x(at)}" y="2" width="{x(tokens)}" height="14" '
+                      f'data-tokens="{tokens}"><title>{legend}: {tokens} tokens</title></rect>')
+        at += tokens
+    shapes.append(f'<rect class=budget x="{x(fixed)}" y="1" width="{x(turn.budget)}" height="16" '
+                  f'data-tokens="{turn.budget}"><title>transcript budget: {turn.budget} tokens</title></rect>')
+    shapes.append(f'<rect class="cached predicted" x="0" y="19" width="{x(turn.predicted_cached_tokens)}" height="4" '
+                  f'data-tokens="{turn.predicted_cached_tokens}"><title>predicted cached: '
+                  f'{turn.predicted_cached_tokens} tokens</title></rect>')
+    if turn.reported_cached_tokens is not None:
+        shapes.append(f'<rect class="cached reported" x="0" y="24" width="{x(turn.reported_cached_tokens)}" '
+                      f'height="4" data-tokens="{turn.reported_cached_tokens}"><title>reported cached: '
+                      f'{turn.reported_cached_tokens} tokens</title></rect>')
+    if turn.break_reason:
+        where = x(turn.predicted_cached_tokens)
+        shapes.append(f'<g class=cache-break data-break-reason="{escape(turn.break_reason)}"><title>cache broke: '
+                      f'{escape(turn.break_reason)}</title><path d="M{where - 4} 18 L{where + 4} 18 L{where} 29 Z"/>'
+                      f'</g>')
+    label = (f"turn {turn.iteration}: {turn.fed_tokens} tokens fed, {fixed} of sections and tools, "
+             f"{turn.transcript_tokens} of transcript against a budget of {turn.budget}")
+    return (f'<svg class=bar role=img aria-label="{escape(label)}" width="{BAR_WIDTH + 10}" height="30" '
+            f'viewBox="-5 0 {BAR_WIDTH + 10} 30">{"".join(shapes)}</svg>')
+
+
+def _pages_nav(run_id: str, page_number: int, pages: int, shown: list[TurnOverview], total: int) -> str:
+    where = (f"turns {shown[0].iteration}-{shown[-1].iteration}, " if shown else "") + f"{total} in all"
+    links = []
+    if page_number > 1:
+        links.append(f'<a rel=prev href="{run_path(run_id)}?page={page_number - 1}">Previous</a>')
+    if page_number < pages:
+        links.append(f'<a rel=next href="{run_path(run_id)}?page={page_number + 1}">Next</a>')
+    return f"<p class=pages>Page {page_number} of {pages} ({where}) {' '.join(links)}</p>"
+
+
+def run_page(run_id: str, turns: list[TurnOverview], total: int, page_number: int, pages: int) -> str:
+    widest = max((max(t.fed_tokens, t.fed_tokens - t.transcript_tokens + t.budget, t.predicted_cached_tokens,
+                      t.reported_cached_tokens or 0) for t in turns), default=1)
+    scale = BAR_WIDTH / max(widest, 1)
     rows = "".join(
-        f"<tr class=turn><td><a href=\"{turn_path(run_id, t.iteration)}\">{t.iteration}</a></td>"
-        f"<td class=number>{t.fed_tokens}</td><td class=number>{t.transcript_tokens}</td>"
-        f"<td class=number>{t.budget}</td><td class=number>{t.summaries}</td></tr>" for t in turns)
-    return page(f"Run {run_id}", f"<table id=turns><tr><th>Iteration</th><th>Tokens fed</th><th>Transcript tokens</th>"
-                                 f"<th>Transcript budget</th><th>Summaries fed</th></tr>{rows}</table>")
+        f"<tr class=turn data-iteration={t.iteration}><td><a href=\"{turn_path(run_id, t.iteration)}\">"
+        f"{t.iteration}</a></td><td class=timeline>{_bar(t, scale)}</td>"
+        + "".join(f"<td class=\"number {css}\">{'' if value is None else value}</td>" for css, value in (
+            ("sections", t.fed_tokens - t.transcript_tokens), ("transcript", t.transcript_tokens),
+            ("clipped", t.clipped_tokens), ("cleared", t.cleared_tokens), ("budget", t.budget),
+            ("fed", t.fed_tokens), ("summaries", t.summaries),
+            ("predicted", t.predicted_cached_tokens), ("reported", t.reported_cached_tokens)))
+        + f"<td class=break-reason>{escape(t.break_reason)}</td></tr>" for t in turns)
+    legend = ("<p class=legend><span class=\"key sections\"></span> sections and tools "
+              "<span class=\"key verbatim\"></span> transcript "
+              "<span class=\"key clipped\"></span> clipped <span class=\"key cleared\"></span> cleared "
+              "<span class=\"key budget\"></span> transcript budget; under the bar: "
+              "<span class=\"key predicted\"></span> cached, predicted "
+              "<span class=\"key reported\"></span> cached, reported by the provider; "
+              "<span class=cache-key>&#9660;</span> the cache broke there (why: last column)</p>")
+    nav = _pages_nav(run_id, page_number, pages, turns, total)
+    return page(f"Run {run_id}", f"{nav}{legend}<table id=turns><tr><th>Iteration</th><th>Timeline</th>"
+                                 "<th>Sections and tools</th><th>Transcript tokens</th><th>Of which clipped</th>"
+                                 "<th>Of which cleared</th>"
+                                 "<th>Transcript budget</th><th>Tokens fed</th><th>Summaries fed</th>"
+                                 "<th>Cached, predicted</th><th>Cached, reported</th><th>Cache broke</th></tr>"
+                                 f"{rows}</table>{nav}")
 
 
 def turn_page(window: TranscriptWindow) -> str:

