@@ -207,7 +207,7 @@ def inspect(settings: Settings, listen: str) -> int:
         return 3
     services = Services.open(settings)
     try:
-        server = InspectorServer(Inspector(services.transcripts, settings.auth), listen)
+        server = InspectorServer(Inspector(services.transcripts, services.memories, settings.auth), listen)
     except BaseException:
         services.close()
         raise

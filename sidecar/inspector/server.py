@@ -18,6 +18,7 @@ from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
 
 from sidecar.errors import NotFound, ValidationError
 from sidecar.inspector import pages
+from sidecar.memory.api import Memories
 from sidecar.settings import DEFAULT_TENANT, AuthSettings
 from sidecar.transcript.transcripts import Transcripts
 
@@ -43,10 +44,12 @@ def loopback_address(listen: str) -> tuple[str, int]:
 
 
 class Inspector:
-    """The pages over ``transcripts``, for the tenants of ``auth``."""
+    """The pages over ``transcripts`` and ``memories``, for the tenants of ``auth``."""
 
-    def __init__(self, transcripts: Transcripts, auth: AuthSettings, turns_per_page: int = 100) -> None:
+    def __init__(self, transcripts: Transcripts, memories: Memories, auth: AuthSettings,
+                 turns_per_page: int = 100) -> None:
         self._transcripts = transcripts
+        self._memories = memories
         self._auth = auth
         self._turns_per_page = turns_per_page
 
