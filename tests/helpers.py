@@ -8,6 +8,7 @@ import math
 import os
 import random
 import re
+import shutil
 import signal
 import struct
 import subprocess
@@ -32,6 +33,10 @@ from sidecar.transcript.transcripts import Transcripts
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMAS = ROOT / "schemas"
+# Debian's Chromium, which the inspector's tests drive through Playwright (None: not installed):
+# the binary itself, /usr/bin/chromium being a wrapper script that only adds flags Playwright sets.
+CHROMIUM = next((path for path in ("/usr/lib/chromium/chromium", shutil.which("chromium") or "")
+                 if path and Path(path).is_file()), None)
 
 
 # Errors and events over the wire, as any client reads and writes them.

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -21,11 +20,8 @@ from playwright.sync_api import Browser, BrowserContext, Page, sync_playwright
 
 from sidecar.inspector.server import Inspector, InspectorServer
 from sidecar.settings import AuthSettings, TenantCredential
-from tests.helpers import TOKENS, Tenant, all_events, ev, open_full, run_cli, tool_turn
+from tests.helpers import CHROMIUM, TOKENS, Tenant, all_events, ev, open_full, run_cli, tool_turn
 
-# Debian's binary itself: /usr/bin/chromium is a wrapper script that only adds flags Playwright sets.
-CHROMIUM = next((path for path in ("/usr/lib/chromium/chromium", shutil.which("chromium") or "")
-                 if path and Path(path).is_file()), None)
 RUNS = {"acme": ("acme-alpha", "acme-beta"), "globex": ("globex-secret",)}
 TURNS = 3  # iterations assembled in each run
 PER_PAGE = 2  # the timeline's turns per page: each run's spans two pages
