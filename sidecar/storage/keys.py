@@ -45,6 +45,18 @@ def records_under(txn: Txn, handle: Db, prefix: bytes,
         yield key[len(prefix):], value
 
 
+def keys_under(txn: Txn, handle: Db, prefix: bytes) -> Iterator[bytes]:
+    """The keys (after the prefix) of the records whose key starts with ``prefix``, in key order,
+    their values left unread: counting or skipping records this way copies no value."""
+    cursor = txn.cursor(db=handle)
+    if not cursor.set_range(prefix):
+        return
+    for key in cursor.iternext(keys=True, values=False):
+        if not key.startswith(prefix):
+            return
+        yield key[len(prefix):]
+
+
 def sweep(txn: Txn, handles: dict[str, Db], prefix: bytes) -> None:
     """Delete every record whose key starts with ``prefix`` from these databases (and no others)."""
     for handle in handles.values():

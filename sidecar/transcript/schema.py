@@ -55,7 +55,7 @@ from sidecar.storage.codec import (
     dump_plain_json,
     load_plain_json,
 )
-from sidecar.storage.keys import Db, Txn, be32, records_under, scope
+from sidecar.storage.keys import Db, Txn, be32, keys_under, records_under, scope
 from sidecar.validation import check_id, page_within_bytes
 
 if TYPE_CHECKING:
@@ -544,19 +544,18 @@ def window_at(txn: Txn, db: dict, key: bytes, iteration: int) -> WindowRecord | 
 
 
 def window_count(txn: Txn, db: dict, key: bytes) -> int:
-    """How many windows are persisted for the run (none of them parsed)."""
-    return sum(1 for _ in records_under(txn, db["windows"], key))
+    """How many windows are persisted for the run (by their keys: no record read)."""
+    return sum(1 for _ in keys_under(txn, db["windows"], key))
 
 
 def windows_from(txn: Txn, db: dict, key: bytes, skip: int, limit: int) -> list[tuple[int, WindowRecord]]:
-    """Up to ``limit`` of the run's windows, by iteration, after its first ``skip`` (only those parsed)."""
-    page = []
-    for position, (suffix, value) in enumerate(records_under(txn, db["windows"], key)):
-        if position >= skip + limit:
-            break
-        if position >= skip:
-            page.append((int.from_bytes(suffix, "big"), WindowRecord.parse(value)))
-    return page
+    """Up to ``limit`` of the run's windows, by iteration, after its first ``skip`` (those skipped
+    by their keys alone, only the page's records read and parsed)."""
+    first = next(islice(keys_under(txn, db["windows"], key), skip, None), None)
+    if first is None or limit < 1:
+        return []
+    return [(int.from_bytes(suffix, "big"), WindowRecord.parse(value))
+            for suffix, value in islice(records_under(txn, db["windows"], key, first), limit)]
 
 
 def window_bytes(txn: Txn, db: dict, key: bytes, iteration: int) -> bytes | None:

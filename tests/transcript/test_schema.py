@@ -7,6 +7,8 @@ import json
 
 import fastcore
 from sidecar.storage.codec import dump_json, encode_id_index
+from sidecar.storage.environment import Store
+from sidecar.storage.keys import records_under
 from sidecar.transcript.log import NewEvent
 from sidecar.transcript.schema import (
     Compaction,
@@ -18,6 +20,8 @@ from sidecar.transcript.schema import (
     numbered_key,
     pack_count,
     run_key,
+    window_count,
+    windows_from,
 )
 
 
@@ -92,3 +96,35 @@ def test_fastcore_writes_an_append_in_the_keys_and_records_this_module_reads() -
     assert starts == [(numbered_key(key, iteration), seq.to_bytes(4, "big")) for iteration, seq in ((1, 127), (3, 128))]
     assert counts == pack_count(5, 1, 127) + pack_count(9, 3, 127)
     assert [count_at(counts, 127, seq) for seq in (127, 128)] == [(5, 1, 127), (9, 3, 127)]
+
+
+def test_a_runs_windows_are_counted_and_paged_by_key_as_a_full_read_finds_them(tmp_path) -> None:
+    """window_count and windows_from skip records by their keys alone: each page equals the same
+    slice of every window read whole, for every skip and limit, beside runs whose keys sort next
+    to this one's (a run id that extends it, another tenant's run of the same id)."""
+    store = Store(str(tmp_path / "store"), 1 << 24, sync=False)
+    db = store.handles("runs")
+    key = run_key("acme", "run")
+    neighbours = (run_key("acme", "run-2"), run_key("acme", "ru"), run_key("globex", "run"))
+    iterations = (1, 2, 3, 5, 8, 13, 21)  # a host may leave iterations out: pages go by position
+
+    def write(txn) -> None:
+        for iteration in iterations:
+            record = dict(_window_as_persisted(), tokens=iteration, window_tokens=iteration + 52)
+            txn.put(numbered_key(key, iteration), dump_json(record), db=db["windows"])
+        for other in neighbours:
+            txn.put(numbered_key(other, 4), dump_json(_window_as_persisted()), db=db["windows"])
+
+    store.write(write)
+    with store.read() as txn:
+        whole = [(int.from_bytes(suffix, "big"), WindowRecord.parse(value).tokens)
+                 for suffix, value in records_under(txn, db["windows"], key)]
+        assert [iteration for iteration, _ in whole] == list(iterations)
+        assert window_count(txn, db, key) == len(iterations)
+        for skip in range(len(iterations) + 2):
+            for limit in range(len(iterations) + 2):
+                page = [(iteration, record.tokens) for iteration, record in windows_from(txn, db, key, skip, limit)]
+                assert page == whole[skip:skip + limit], (skip, limit)
+        assert window_count(txn, db, run_key("acme", "none")) == 0
+        assert windows_from(txn, db, run_key("acme", "none"), 0, 10) == []
+    store.close()
