@@ -2,6 +2,7 @@
 # One entry point for a fresh machine with python3 (>= 3.11) and gcc; the tests also need node (>= 20),
 # go (1.26), Java 17 with Maven, Rust (rustc >= 1.85) and PostgreSQL's server (.ci/run installs what is missing):
 #   ./dev.sh serve [flags]   set up, then run the sidecar (127.0.0.1:50051, LMDB in ./data)
+#   ./dev.sh inspect [flags] set up, then serve the run inspector over ./data (http://127.0.0.1:7070)
 #   ./dev.sh test            set up, lint (ruff), type-check (mypy), run every test: Python, TypeScript, Go, Java, Rust
 #   ./dev.sh bench [name] [args]  set up, then run benchmarks/bench_<name>.py (default turn);
 #                            ./dev.sh bench --smoke: every benchmark for one round
@@ -99,6 +100,10 @@ case "$command" in
     setup_python
     say "starting the sidecar (context-sidecar serve${*:+ $*})"
     exec "$VENV/bin/context-sidecar" serve "$@" ;;
+  inspect)
+    setup_python
+    say "starting the run inspector (context-sidecar inspect${*:+ $*})"
+    exec "$VENV/bin/context-sidecar" inspect "$@" ;;
   test)
     setup_python test
     setup_node
@@ -126,6 +131,6 @@ case "$command" in
     if [ "$benchmark" = bench_clients ]; then setup_node; setup_rust; fi
     exec "$VENV/bin/python" -m "benchmarks.$benchmark" "$@" ;;
   *)
-    sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2 ;;
 esac
