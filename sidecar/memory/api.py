@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 
 from sidecar.errors import NotFound, ValidationError
 from sidecar.memory.index import MemoryIndex, terms
-from sidecar.memory.schema import U16_MAX, Doc, MemoryDatabases, Meta, PreparedEntry
+from sidecar.memory.schema import U16_MAX, CompactionRecord, Doc, MemoryDatabases, Meta, PreparedEntry
 from sidecar.settings import MemorySettings
-from sidecar.storage.codec import memory_content
+from sidecar.storage.codec import StoredMemory, decode_memory, memory_content
 from sidecar.storage.environment import Store
 from sidecar.storage.keys import Txn, scope
 from sidecar.text.counting import Counters, TokenCounter
@@ -79,6 +79,30 @@ class MemoryList:
     tokens_used: int
     left_out_for_budget: int
     left_out_for_size: int = 0  # chosen, but past the answer's byte bound
+
+    def entries(self) -> list[StoredMemory]:
+        """The entries answered, decoded, in ranked order."""
+        return [decode_memory(record) for record in self.records]
+
+
+@dataclass(frozen=True, slots=True)
+class RefOverview:
+    """A memory ref of a tenant, in brief: what GetMemory and ListMemory would find in it now."""
+
+    memory_ref: str
+    entries: int  # live entries (an expired one is never answered, even before a write purges it)
+    tokens: int  # theirs, in the memory's counter
+    compactions: int  # recorded in the ref
+
+
+@dataclass(frozen=True, slots=True)
+class EntriesPage:
+    """A page of a ref's live entries, newest first, with the ref's totals."""
+
+    entries: list[StoredMemory]
+    total: int  # live entries in the ref
+    tokens: int  # their tokens
+    compactions: list[CompactionRecord]  # recorded in the ref, newest first
 
 
 @dataclass
@@ -290,6 +314,46 @@ class Memories:
         if found is None:
             raise NotFound(f"memory entry {entry_id!r} not found")
         return found[1]
+
+    def refs(self, tenant: str, skip: int = 0, limit: int = 100) -> tuple[list[RefOverview], int]:
+        """Up to ``limit`` of the memory refs of ``tenant`` (those that ever held an entry), in
+        byte order, after the first ``skip``, and how many there are. Each one's totals come from
+        its docs (tokens and expiry, a few dozen bytes an entry), never its contents."""
+        now = self._clock()
+        with self._store.read() as txn:
+            refs = list(self._db.refs_of(txn, tenant))
+            overviews = []
+            for ref in refs[skip:skip + limit]:
+                key = scope(tenant, ref.encode("utf-8"))
+                total, tokens, _ = self._live(txn, key, now)
+                overviews.append(RefOverview(ref, total, tokens, len(self._db.compactions(txn, key))))
+        return overviews, len(refs)
+
+    def entries(self, tenant: str, memory_ref: str, skip: int = 0, limit: int = 100) -> EntriesPage:
+        """Up to ``limit`` of the ref's live entries, newest first, after the first ``skip``; only
+        those are read whole. NotFound: ``tenant`` has no such ref (another tenant's is one)."""
+        key = scope(tenant, check_ref(memory_ref))
+        now = self._clock()
+        with self._store.read() as txn:
+            if self._db.meta_record(txn, key) is None:
+                raise NotFound(f"memory ref {memory_ref!r} not found")
+            total, tokens, shown = self._live(txn, key, now, skip, limit)
+            records = [decode_memory(self._db.entry_record(txn, key, entry_id)) for entry_id in shown]
+            compactions = sorted(self._db.compactions(txn, key), key=lambda record: -record.seq)
+        return EntriesPage(records, total, tokens, compactions)
+
+    def _live(self, txn: Txn, key: bytes, now: int, skip: int = 0, limit: int = 0) -> tuple[int, int, list[str]]:
+        """The ref's live entries and their tokens, and the ids of ``limit`` of them, newest first,
+        after the first ``skip``."""
+        total = tokens = 0
+        shown = []
+        for doc in self._index.newest_first(txn, key):
+            if doc.live(now):
+                if skip <= total < skip + limit:
+                    shown.append(doc.entry_id)
+                total += 1
+                tokens += doc.tokens
+        return total, tokens, shown
 
     def list(self, tenant: str, request: ListRequest) -> MemoryList:
         check_at_least("limit", request.limit, 0)

@@ -36,7 +36,7 @@ import lmdb
 
 from sidecar.storage.codec import dump_json, encode_memory, load_json
 from sidecar.storage.environment import Store
-from sidecar.storage.keys import Db, Txn, be32, records_under
+from sidecar.storage.keys import Db, Txn, be32, records_under, scope
 
 DOC = struct.Struct("<IqqH")  # tokens, created ms, expires ms (0: never), id length; then id, tags
 POSTING = struct.Struct("<IHH")  # ordinal, tf, dl
@@ -156,7 +156,11 @@ class MemoryDatabases:
     # -- mem_meta -------------------------------------------------------------------------------
 
     def meta(self, txn: Txn, key: bytes) -> Meta:
-        return Meta.load(txn.get(key, db=self._meta))
+        return Meta.load(self.meta_record(txn, key))
+
+    def meta_record(self, txn: Txn, key: bytes) -> bytes | None:
+        """The ref's stored totals; None when it never held an entry."""
+        return txn.get(key, db=self._meta)
 
     def put_meta(self, txn: Txn, key: bytes, meta: Meta) -> None:
         txn.put(key, meta.record(), db=self._meta)
@@ -166,6 +170,11 @@ class MemoryDatabases:
         for key, value in _cursor(txn, self._meta):
             tenant, ref = key.decode("utf-8").split("\0")[:2]
             yield tenant, ref, Meta.load(value)
+
+    def refs_of(self, txn: Txn, tenant: str) -> Iterator[str]:
+        """The memory refs of ``tenant``, in key (byte) order: those that ever held an entry."""
+        for ref, _ in records_under(txn, self._meta, scope(tenant)):
+            yield ref[:-1].decode("utf-8")  # the key's part after the tenant is the ref and a NUL
 
     # -- mem_entries ----------------------------------------------------------------------------
 
@@ -292,6 +301,10 @@ class MemoryDatabases:
     def compaction(self, txn: Txn, key: bytes, source_ids: Sequence[str]) -> CompactionRecord | None:
         data = txn.get(_compaction_key(key, source_ids), db=self._compactions)
         return None if data is None else CompactionRecord.load(data)
+
+    def compactions(self, txn: Txn, key: bytes) -> list[CompactionRecord]:
+        """Every compaction recorded in the ref, in no particular order (their keys are digests)."""
+        return [CompactionRecord.load(value) for _, value in records_under(txn, self._compactions, key)]
 
     def put_compaction(self, txn: Txn, key: bytes, source_ids: Sequence[str], record: CompactionRecord) -> None:
         txn.put(_compaction_key(key, source_ids), record.record(), db=self._compactions)

@@ -72,6 +72,24 @@ def memory_content(data: bytes) -> str:
     return MemoryRecord.FromString(data).content
 
 
+@dataclass(frozen=True, slots=True)
+class StoredMemory:
+    """A memory entry's record, decoded (for readers; answers send the stored bytes as they are)."""
+
+    entry_id: str
+    content: str
+    tags: tuple[str, ...]
+    created_ms: int
+    expires_ms: int  # 0: never
+    tokens: int
+
+
+def decode_memory(data: bytes) -> StoredMemory:
+    record = MemoryRecord.FromString(data)
+    return StoredMemory(record.id, record.content, tuple(record.tags), record.created_at.ToMilliseconds(),
+                        record.expires_at.ToMilliseconds() if record.HasField("expires_at") else 0, record.tokens)
+
+
 def encode_id_index(seq: int, host_token_count: int | None) -> bytes:
     """The event-id index value: the event's seq, and the host's count when it sent one (kept
     only so that a retried append can be recognised as identical)."""
