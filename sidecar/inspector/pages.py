@@ -38,7 +38,8 @@ def turn_path(run_id: str, iteration: int) -> str:
 
 def page(title: str, body: str) -> str:
     return (f"<!doctype html><html lang=en><head><meta charset=utf-8><title>{escape(title)}</title>"
-            f"<style>{STYLE}</style></head><body><nav><a href=\"/\">Runs</a></nav><h1>{escape(title)}</h1>"
+            f"<style>{STYLE}</style></head><body><nav><a href=\"/\">Runs</a> <a href=\"/memory\">Memory</a></nav>"
+            f"<h1>{escape(title)}</h1>"
             f"{body}</body></html>")
 
 

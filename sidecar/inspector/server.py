@@ -17,7 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
 
 from sidecar.errors import NotFound, ValidationError
-from sidecar.inspector import pages
+from sidecar.inspector import memory_view, pages
 from sidecar.memory.api import Memories
 from sidecar.settings import DEFAULT_TENANT, AuthSettings
 from sidecar.transcript.transcripts import Transcripts
@@ -66,6 +66,8 @@ class Inspector:
                 search = query.get("q", [""])[0]
                 runs = [run for run in self._transcripts.runs(tenant) if search in run.run_id]
                 return HTTPStatus.OK, pages.runs_page(runs, search)
+            if parts[0] == "memory" and len(parts) <= 2:
+                return memory_view.answer(self._memories, tenant, parts[1] if len(parts) == 2 else None, query)
             if len(parts) == 2 and parts[0] == "runs":
                 return self._run(tenant, parts[1], query.get("page", ["1"])[0])
             if len(parts) == 4 and parts[0] == "runs" and parts[2] == "turns" and parts[3].isdigit():
