@@ -16,6 +16,7 @@ import sys
 import tempfile
 import unicodedata
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 import lmdb
@@ -30,6 +31,9 @@ from benchmarks._lib.postgres import Postgres  # noqa: F401  (the tests' import 
 from sidecar.memory.index import BM25_B, BM25_K1
 from sidecar.text.fencing import PREAMBLE
 from sidecar.transcript.transcripts import Transcripts
+
+if TYPE_CHECKING:  # the inspector's browser tests alone use Playwright
+    from playwright.sync_api import BrowserContext, Page
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMAS = ROOT / "schemas"
@@ -87,6 +91,13 @@ class Tenant:
     def __getattr__(self, name: str):
         method = getattr(self._stub, name)
         return lambda request, **kwargs: method(request, metadata=self._metadata, **kwargs)
+
+
+def signed_in(context: BrowserContext, base: str, tenant: str) -> Page:
+    """A page of the inspector at ``base``, signed in with the tenant's token."""
+    page = context.new_page()
+    assert page.goto(f"{base}/?token={TOKENS[tenant]}").status == 200
+    return page
 
 
 # The transcript domain called directly, over real LMDB.

