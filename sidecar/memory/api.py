@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from sidecar.errors import NotFound, ValidationError
 from sidecar.memory.index import MemoryIndex, terms
-from sidecar.memory.schema import U16_MAX, CompactionRecord, Doc, MemoryDatabases, Meta, PreparedEntry
+from sidecar.memory.schema import U16_MAX, CompactionRecord, Doc, MemoryDatabases, Meta, PreparedEntry, alive
 from sidecar.settings import MemorySettings
 from sidecar.storage.codec import StoredMemory, decode_memory, memory_content
 from sidecar.storage.environment import Store
@@ -347,13 +347,13 @@ class Memories:
         after the first ``skip``."""
         total = tokens = 0
         shown = []
-        for doc in self._index.newest_first(txn, key):
-            if doc.live(now):
+        for ordinal, entry_tokens, expires_ms in self._db.sizes_newest_first(txn, key):
+            if alive(expires_ms, now):
                 if skip <= total < skip + limit:
-                    shown.append(doc.entry_id)
+                    shown.append(ordinal)
                 total += 1
-                tokens += doc.tokens
-        return total, tokens, shown
+                tokens += entry_tokens
+        return total, tokens, [self._db.doc(txn, key, ordinal).entry_id for ordinal in shown]
 
     def list(self, tenant: str, request: ListRequest) -> MemoryList:
         check_at_least("limit", request.limit, 0)

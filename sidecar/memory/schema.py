@@ -101,7 +101,12 @@ class Doc:
                    tuple(tags.split("\0")) if tags else ())
 
     def live(self, now_ms: int) -> bool:
-        return not self.expires_ms or self.expires_ms > now_ms
+        return alive(self.expires_ms, now_ms)
+
+
+def alive(expires_ms: int, now_ms: int) -> bool:
+    """Whether an entry of that expiry (0: never) is live at ``now_ms``: never answered once expired."""
+    return not expires_ms or expires_ms > now_ms
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,6 +216,16 @@ class MemoryDatabases:
             yield Doc.unpack(int.from_bytes(ordinal, "big"), value)
 
     def docs_newest_first(self, txn: Txn, key: bytes) -> Iterator[Doc]:
+        return (Doc.unpack(ordinal, value) for ordinal, value in self._doc_records_newest_first(txn, key))
+
+    def sizes_newest_first(self, txn: Txn, key: bytes) -> Iterator[tuple[int, int, int]]:
+        """(ordinal, tokens, expiry ms) of the ref's docs, newest first, the rest of each left
+        undecoded: a walk over all of a ref's entries (its totals) costs a tenth of one over its Docs."""
+        for ordinal, value in self._doc_records_newest_first(txn, key):
+            tokens, _, expires_ms, _ = DOC.unpack_from(value)
+            yield ordinal, tokens, expires_ms
+
+    def _doc_records_newest_first(self, txn: Txn, key: bytes) -> Iterator[tuple[int, bytes]]:
         cursor = _cursor(txn, self._docs)
         if not cursor.set_range(key + b"\xff\xff\xff\xff"):  # past the ref's last ordinal
             if not cursor.last():
@@ -220,7 +235,7 @@ class MemoryDatabases:
         for doc_key, value in cursor.iterprev():
             if not doc_key.startswith(key):
                 return
-            yield Doc.unpack(int.from_bytes(doc_key[len(key):], "big"), value)
+            yield int.from_bytes(doc_key[len(key):], "big"), value
 
     def put_doc(self, txn: Txn, key: bytes, ordinal: int, entry: PreparedEntry) -> None:
         txn.put(key + be32(ordinal), Doc.pack(entry.entry_id, entry.tokens, entry.created_ms, entry.expires_ms,
