@@ -8,8 +8,9 @@ import json
 import re
 import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sidecar.settings import (
     CONFIG_ENV,
@@ -22,12 +23,16 @@ from sidecar.settings import (
 )
 from sidecar.telemetry import logs
 
+if TYPE_CHECKING:  # imported when a command runs: the compiled fastcore comes with them
+    from sidecar.inspector.server import InspectorServer
+    from sidecar.wire.server import Beside, Services
+
 # The contract as the package ships it (scripts/generate_stubs.py copies it there): the include
 # root of contextsidecar/v1/sidecar.proto and of the google/rpc files that decode its errors.
 CONTRACT_ROOT = Path(__file__).resolve().parent / "pb"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 LOG_LEVEL = "INFO"  # --log-level's default
-INSPECT_LISTEN = "127.0.0.1:7070"  # inspect --inspector-listen's default
+INSPECT_LISTEN = "127.0.0.1:7070"  # where inspect serves when [inspector] listen is not set
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -66,11 +71,10 @@ def _parser() -> argparse.ArgumentParser:
         "inspect", help="serve a local, read-only web page over the store's runs",
         description="Serve the run inspector (docs/inspector.md) over the store serve uses, given the same "
                     "flags, environment and file, until SIGTERM or SIGINT: the runs, each run's turns and "
-                    "exactly what each turn fed. Loopback only; with [[auth.tenants]], a tenant's token is "
+                    "exactly what each turn fed. Loopback or a unix socket only ([inspector] listen, "
+                    f"--inspector-listen; unset: {INSPECT_LISTEN}); with [[auth.tenants]], a tenant's token is "
                     "asked for and only its runs are shown.")
     _add_setting_flags(inspect)
-    inspect.add_argument("--inspector-listen", dest="inspector_listen", default=INSPECT_LISTEN, metavar="HOST:PORT",
-                         help=f"loopback address to serve on (port 0: any free one); default: {INSPECT_LISTEN}")
     # Listed here for --help; its arguments are its own (sidecar/bench/command.py), read in main().
     commands.add_parser("bench", add_help=False,
                         help="measure a running sidecar with synthetic agent turns (bench --help)")
@@ -183,7 +187,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from sidecar.text.encodings import EncodingIntegrityError
 
     try:
-        return inspect(settings, args.inspector_listen) if args.command == "inspect" else serve(settings)
+        if args.command == "inspect":
+            return inspect(settings)
+        return serve(settings, beside=inspector_beside(settings) if settings.inspector.listen else None)
     except ConfigError as error:  # found once the domain opens: a plugin or a state schema
         print(f"context-sidecar: configuration error: {error}", file=sys.stderr)
         return 2
@@ -192,22 +198,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 3
 
 
-def inspect(settings: Settings, listen: str) -> int:
+def _inspector_server(settings: Settings, services: Services, listen: str) -> InspectorServer:
+    from sidecar.inspector.server import Inspector, InspectorServer
+
+    return InspectorServer(Inspector(services.transcripts, services.memories, settings.auth, settings.inspector),
+                           listen).start()
+
+
+def inspector_beside(settings: Settings) -> Beside:
+    """``[inspector] listen`` served by serve, over the domain its gRPC server serves (the wire
+    does not import the inspector: it is wired here)."""
+    def start(services: Services) -> tuple[str, Callable[[], None]]:
+        server = _inspector_server(settings, services, settings.inspector.listen)
+        return f"context-sidecar inspector on {server.url}", server.stop
+
+    return start
+
+
+def inspect(settings: Settings) -> int:
     """Serve the run inspector over the store until SIGTERM or SIGINT."""
     import signal
     import threading
 
-    from sidecar.inspector.server import Inspector, InspectorServer, NotLoopback, loopback_address
     from sidecar.wire.server import Services
 
-    try:
-        loopback_address(listen)  # refused before the store opens
-    except NotLoopback as error:
-        print(f"context-sidecar: cannot start: {error}", file=sys.stderr)
-        return 3
     services = Services.open(settings)
     try:
-        server = InspectorServer(Inspector(services.transcripts, services.memories, settings.auth), listen)
+        server = _inspector_server(settings, services, settings.inspector.listen or INSPECT_LISTEN)
     except BaseException:
         services.close()
         raise
@@ -215,7 +232,6 @@ def inspect(settings: Settings, listen: str) -> int:
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda signum, frame: stopping.set())
     signal.signal(signal.SIGINT, lambda signum, frame: stopping.set())
-    server.start()
     print(f"context-sidecar inspector on {server.url}", flush=True)
     stopping.wait()
     server.stop()  # the page being served finishes first: the store closes after it

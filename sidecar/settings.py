@@ -264,6 +264,27 @@ class LogSettings:
                           flag="--log-format")
 
 
+@dataclass(frozen=True)
+class InspectorSettings:
+    """``[inspector]``: the run inspector (docs/inspector.md), served by ``serve`` beside the gRPC
+    server when ``listen`` is set, and by ``inspect``. Its prices model what each turn's input
+    cost; the defaults are Anthropic's list prices for Claude Sonnet 4 and 4.5 (USD per million
+    tokens, 5-minute cache writes) as published in 2025 (docs/settings.md)."""
+
+    listen: str = _option(
+        "", "where serve also serves the run inspector: a loopback host:port (127.0.0.1, [::1], localhost; port 0: "
+        "any free one) or unix:/path/to.sock (a socket only its owner may open); empty: off. inspect serves on it "
+        "too (default there: 127.0.0.1:7070)", flag="--inspector-listen")
+    turns_per_page: int = _option(100, "turns on each page of a run's timeline", minimum=1, maximum=1000)
+    input_usd_per_mtok: float = _option(
+        3.0, "the modelled price of input tokens read from no cache, in USD per million tokens")
+    cached_input_usd_per_mtok: float = _option(
+        0.30, "the modelled price of input tokens read from the provider's prompt cache, in USD per million tokens")
+    cache_write_usd_per_mtok: float = _option(
+        3.75, "the modelled price of input tokens written to the prompt cache (Anthropic's requests; OpenAI "
+        "bills none), in USD per million tokens")
+
+
 # With no tenants configured, every call belongs to this one tenant.
 DEFAULT_TENANT = "default"
 
@@ -301,6 +322,7 @@ class Settings:
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
     tracing: TracingSettings = field(default_factory=TracingSettings)
     log: LogSettings = field(default_factory=LogSettings)
+    inspector: InspectorSettings = field(default_factory=InspectorSettings)
     auth: AuthSettings = field(default_factory=AuthSettings)
 
 
@@ -310,7 +332,7 @@ SECTIONS: dict[str, type] = {
     "context.clearing": ClearingSettings, "render": RenderSettings, "memory": MemorySettings,
     "memory.compaction": MemoryCompactionSettings, "redaction": RedactionSettings, "cache": CacheSettings,
     "metrics": MetricsSettings,
-    "tracing": TracingSettings, "log": LogSettings}
+    "tracing": TracingSettings, "log": LogSettings, "inspector": InspectorSettings}
 _TENANT_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 
@@ -359,6 +381,8 @@ def _coerce(section: str, option: dataclasses.Field, value: Any, source: str) ->
             number = int(match.group(1)) * _SIZE_UNITS[match.group(2)] if meta["size"] else int(value)
         if meta["minimum"] is not None and number < meta["minimum"]:
             raise ConfigError(f"{where}: must be at least {meta['minimum']}, got {number}")
+        if meta["maximum"] is not None and number > meta["maximum"]:
+            raise ConfigError(f"{where}: must be at most {meta['maximum']}, got {number}")
         return number
     if kind is float:
         try:
@@ -517,9 +541,30 @@ def _check_metrics_listen(metrics: MetricsSettings) -> None:
             "served beyond this machine only with [metrics] allow_non_loopback = true")
 
 
+def inspector_address(listen: str) -> tuple[str, int] | str:
+    """``[inspector] listen`` as the inspector binds it: (host, port) for a loopback TCP address,
+    a path for ``unix:PATH`` (``unix:///abs`` too, as ``[server] listen`` writes it). ValueError
+    says why another is refused."""
+    if listen.startswith("unix:"):
+        path = listen[len("unix://"):] if listen.startswith("unix://") else listen[len("unix:"):]
+        if not path or (listen.startswith("unix://") and not path.startswith("/")):
+            raise ValueError(f"{listen!r} names no socket path (unix:/path/to.sock)")
+        return path
+    host, _, port = listen.rpartition(":")
+    if not is_loopback(host) or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"the inspector listens on loopback only (127.0.0.1:PORT, [::1]:PORT, localhost:PORT) "
+                         f"or on a unix socket (unix:/path/to.sock): not {listen!r}")
+    return host.strip("[]"), int(port)
+
+
 def _check_relations(settings: Settings) -> None:
     _check_listen(settings.server, bool(settings.auth.tenants))
     _check_metrics_listen(settings.metrics)
+    if settings.inspector.listen:
+        try:
+            inspector_address(settings.inspector.listen)
+        except ValueError as error:
+            raise ConfigError(f"[inspector] listen: {error}") from None
     if settings.memory_compaction.max_output_bytes > settings.memory.max_entry_bytes:
         raise ConfigError(
             f"[memory.compaction] max_output_bytes ({settings.memory_compaction.max_output_bytes}) exceeds "

@@ -76,6 +76,11 @@ def test_config_path_from_the_environment(tmp_path: Path) -> None:
     ("[context]\ncompaction_fraction = 1.5\n", "[context] compaction_fraction"),
     ("[context]\nsummariser = \"llm\"\n", "[context] summariser"),
     ("[context]\nsummarization_strategy = \"sliding\"\n", "[context] summarization_strategy"),
+    ("[inspector]\nlisten = \"0.0.0.0:7070\"\n", "[inspector] listen: the inspector listens on loopback only"),
+    ("[inspector]\nlisten = \"unix:\"\n", "[inspector] listen: 'unix:' names no socket path"),
+    ("[inspector]\nturns_per_page = 0\n", "[inspector] turns_per_page (from "),
+    ("[inspector]\nturns_per_page = 1001\n", "must be at most 1000, got 1001"),
+    ("[inspector]\ncached_input_usd_per_mtok = -0.1\n", "[inspector] cached_input_usd_per_mtok"),
 ])
 def test_bad_file_values_name_the_key(tmp_path: Path, text: str, expected: str) -> None:
     with pytest.raises(ConfigError) as raised:
@@ -128,6 +133,14 @@ def test_bad_tenants_are_named(tmp_path: Path, text: str, expected: str) -> None
 @pytest.mark.parametrize("listen", ["127.0.0.1:0", "localhost:50051", "[::1]:50051", "unix:///tmp/s.sock"])
 def test_loopback_and_unix_sockets_are_accepted(listen: str) -> None:
     assert load_settings(env={"CONTEXT_SIDECAR_SERVER_LISTEN": listen}).server.listen == listen
+
+
+def test_the_inspector_is_off_by_default_and_listens_on_loopback_or_a_unix_socket() -> None:
+    defaults = load_settings(env={}).inspector
+    assert (defaults.listen, defaults.turns_per_page) == ("", 100)
+    for listen in ("127.0.0.1:0", "localhost:7070", "[::1]:7070", "unix:/tmp/inspector.sock",
+                   "unix:///tmp/inspector.sock", "unix:inspector.sock"):
+        assert load_settings(env={"CONTEXT_SIDECAR_INSPECTOR_LISTEN": listen}).inspector.listen == listen
 
 
 def test_missing_config_file_is_named(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""The inspector's HTTP server: standard library, loopback only, GET only, one read per page.
+"""The inspector's HTTP server: standard library, loopback or a unix socket only, GET only, one
+read per page.
 
 With tenants configured, a page is served only to a tenant's bearer token, given once as
 ``?token=`` (or an ``Authorization: Bearer`` header) and then kept in a session cookie; each
@@ -7,9 +8,12 @@ tenant sees its own runs, and another tenant's run answers 404 as a run that doe
 
 from __future__ import annotations
 
-import ipaddress
+import errno
 import logging
+import os
 import socket
+import socketserver
+import stat
 import threading
 from http import HTTPStatus
 from http.cookies import SimpleCookie
@@ -19,39 +23,23 @@ from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
 from sidecar.errors import NotFound, ValidationError
 from sidecar.inspector import memory_view, pages
 from sidecar.memory.api import Memories
-from sidecar.settings import DEFAULT_TENANT, AuthSettings
+from sidecar.settings import DEFAULT_TENANT, AuthSettings, InspectorSettings, inspector_address
 from sidecar.transcript.transcripts import Transcripts
 
 log = logging.getLogger(__name__)
 COOKIE = "inspector_token"
 
 
-class NotLoopback(ValueError):
-    """The inspector shows every run of a tenant: it listens on this machine's loopback only."""
-
-
-def loopback_address(listen: str) -> tuple[str, int]:
-    """``host:port`` as (host, port), host a loopback address or ``localhost``."""
-    host, _, port = listen.rpartition(":")
-    host = host.strip("[]")
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
-    if not loopback or not port.isdigit():
-        raise NotLoopback(f"the inspector listens on loopback only (127.0.0.1:PORT, [::1]:PORT): not {listen!r}")
-    return host, int(port)
-
-
 class Inspector:
-    """The pages over ``transcripts`` and ``memories``, for the tenants of ``auth``."""
+    """The pages over ``transcripts`` and ``memories``, for the tenants of ``auth``; ``settings``:
+    the timeline's page size and the prices its costs are modelled with."""
 
     def __init__(self, transcripts: Transcripts, memories: Memories, auth: AuthSettings,
-                 turns_per_page: int = 100) -> None:
+                 settings: InspectorSettings | None = None) -> None:
         self._transcripts = transcripts
         self._memories = memories
         self._auth = auth
-        self._turns_per_page = turns_per_page
+        self._settings = settings or InspectorSettings()
 
     def tenant(self, token: str | None) -> str | None:
         """The tenant a request's token names (without tenants configured: the default one)."""
@@ -81,7 +69,7 @@ class Inspector:
     def _run(self, tenant: str, run_id: str, asked: str) -> tuple[HTTPStatus, str]:
         """A page of the run's timeline (``?page=``, from 1): a page past the last answers 404."""
         page_number = int(asked) if asked.isdigit() else 0
-        size = self._turns_per_page
+        size = self._settings.turns_per_page
         turns, total = self._transcripts.turns(tenant, run_id, max(page_number - 1, 0) * size, size)
         last = max(1, -(-total // size))  # a run without turns has one page, empty
         if not 1 <= page_number <= last:
@@ -126,6 +114,9 @@ def _handler(inspector: Inspector) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(data)
 
+        def address_string(self) -> str:  # a unix socket's peer has no address
+            return str(self.client_address[0]) if self.client_address else "unix socket"
+
         def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (http.server's name)
             log.debug("inspector: " + format, *args)
 
@@ -138,20 +129,60 @@ class _ThreadingHTTPServer6(ThreadingHTTPServer):
     address_family = socket.AF_INET6
 
 
+class _UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    """HTTP over a unix socket that only its owner may connect to (the pages show every run of
+    the store to whoever connects, as loopback does to this machine's users: a socket narrows
+    that to the owner). Its file is made owner-only between bind and listen, before anyone can
+    connect; a stale file (a socket nothing listens on, left by a process that was killed) is
+    replaced, and anything else at the path is refused, never deleted."""
+
+    daemon_threads = True
+
+    def server_bind(self) -> None:
+        path = str(self.server_address)
+        _clear_stale_socket(path)
+        super().server_bind()
+        os.chmod(path, stat.S_IRUSR | stat.S_IWUSR)
+
+
+def _clear_stale_socket(path: str) -> None:
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(mode):
+        raise OSError(errno.EEXIST, f"{path} exists and is not a socket")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(path)
+        except ConnectionRefusedError:  # nothing listens: left by a process that is gone
+            os.unlink(path)
+            return
+    raise OSError(errno.EADDRINUSE, f"another process listens on {path}")
+
+
 class InspectorServer:
-    """The inspector, listening; :meth:`stop` ends it."""
+    """The inspector, listening on ``listen`` (a loopback ``host:port`` or ``unix:PATH``);
+    :meth:`stop` ends it (and removes its socket file)."""
 
     def __init__(self, inspector: Inspector, listen: str) -> None:
-        host, port = loopback_address(listen)
-        server_class = _ThreadingHTTPServer6 if ":" in host else ThreadingHTTPServer
-        self._http = server_class((host, port), _handler(inspector))
+        address = inspector_address(listen)
+        handler = _handler(inspector)
+        try:
+            if isinstance(address, str):
+                self._http: socketserver.BaseServer = _UnixHTTPServer(address, handler)
+            else:
+                server_class = _ThreadingHTTPServer6 if ":" in address[0] else ThreadingHTTPServer
+                self._http = server_class(address, handler)
+        except OSError as error:
+            raise OSError(f"cannot serve the inspector on {listen}: {error.strerror or error}") from None
+        self._socket_path = address if isinstance(address, str) else None
         self._thread: threading.Thread | None = None
-
-    @property
-    def url(self) -> str:
-        host, port = self._http.server_address[:2]
-        host = str(host)
-        return f"http://{f'[{host}]' if ':' in host else host}:{port}"
+        if self._socket_path is None:
+            host, port = self._http.socket.getsockname()[:2]  # type: ignore[attr-defined]
+            self.url = f"http://{f'[{host}]' if ':' in host else host}:{port}"  # the port chosen for :0
+        else:
+            self.url = f"unix:{self._socket_path}"
 
     def start(self) -> InspectorServer:
         self._thread = threading.Thread(target=self._http.serve_forever, name="inspector", daemon=True)
@@ -163,3 +194,8 @@ class InspectorServer:
         self._http.server_close()
         if self._thread:
             self._thread.join()
+        if self._socket_path is not None:
+            try:
+                os.unlink(self._socket_path)
+            except FileNotFoundError:
+                pass

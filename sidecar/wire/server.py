@@ -344,14 +344,22 @@ def bound_address(listen: str, port: int) -> str:
     return f"{host}:{port}"
 
 
-def serve(settings: Settings, ready: threading.Event | None = None) -> int:
-    """Run until SIGTERM or SIGINT: NOT_SERVING first, then in-flight calls get the grace period."""
+# What the entry serves beside the gRPC server, over the same domain (the run inspector, which the
+# wire does not import): given the opened services, it starts serving and answers the line that
+# announces it and what stops it.
+Beside = Callable[[Services], tuple[str, Callable[[], None]]]
+
+
+def serve(settings: Settings, ready: threading.Event | None = None, beside: Beside | None = None) -> int:
+    """Run until SIGTERM or SIGINT: NOT_SERVING first, then in-flight calls get the grace period.
+    ``beside``: served too, from before the gRPC server starts until after it drained."""
     tracing = Tracing.start(settings.tracing)  # enabled without the otel extra: a ConfigError, before anything opens
     services = Services.open(settings)
     in_flight = InFlightCalls()
     metrics = metrics_of(settings, services)
     server, port, health_servicer = build_server(settings, services, in_flight, tracing, metrics)
     endpoint = metrics.serve(settings.metrics.listen) if metrics else None
+    companion = beside(services) if beside else None
     stopping = threading.Event()
 
     def request_stop(signum: int, frame: object) -> None:
@@ -374,6 +382,8 @@ def serve(settings: Settings, ready: threading.Event | None = None) -> int:
     print(f"context-sidecar serving on {bound_address(settings.server.listen, port)}", flush=True)
     if endpoint:
         print(f"context-sidecar metrics on {endpoint.url}", flush=True)
+    if companion:
+        print(companion[0], flush=True)
     if ready is not None:
         ready.set()
     stopping.wait()
@@ -389,6 +399,8 @@ def serve(settings: Settings, ready: threading.Event | None = None) -> int:
         log.warning("calls still running after the %.1f s grace period are cancelled", grace)
     server.stop(0)  # ends what is left: health Watch streams, or calls past the grace period
     stopped.wait()
+    if companion:
+        companion[1]()  # after the drain, before the store closes: a page being served reads it
     if endpoint:
         endpoint.stop()  # before the store closes: a scrape reads its map
     services.close()
