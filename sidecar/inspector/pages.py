@@ -6,6 +6,8 @@ import datetime
 from html import escape
 from urllib.parse import quote
 
+from sidecar.inspector.costs import REPORTED, InputCost, input_cost
+from sidecar.settings import InspectorSettings
 from sidecar.text.fencing import is_fenced
 from sidecar.transcript.transcripts import RunOverview, TurnOverview
 from sidecar.transcript.window import TranscriptWindow
@@ -25,6 +27,11 @@ td.timeline { padding: 0 .25em; } .sections { fill: #8a9bb0; } .verbatim { fill:
 span.verbatim { background: #3f7fd0; } span.clipped { background: #f0a030; }
 span.cleared { background: #b0b0b0; } span.budget { border: 1px dashed #222; }
 span.predicted { background: #4caf50; } span.reported { background: #1b5e20; }
+.summaries { fill: #8e44ad; } span.summaries { background: #8e44ad; }
+.marker.summaries path { fill: #8e44ad; } .marker.cleared path { fill: #707070; } .marker.start path { fill: #3f7fd0; }
+.change { display: block; white-space: nowrap; } .change[data-kind=summaries] { color: #8e44ad; }
+.change[data-kind=start] { color: #3f7fd0; } .change[data-kind=cleared] { color: #505050; }
+td.cost small { color: #666; }
 """
 
 
@@ -65,23 +72,54 @@ def runs_page(runs: list[RunOverview], query: str) -> str:
 BAR_WIDTH = 320  # px: the widest bar of a page; every bar of the page is on its scale
 # Each part of a turn's bar: its CSS class, its legend, the tokens it stands for.
 BAR_PARTS = (("sections", "sections and tools", lambda t: t.fed_tokens - t.transcript_tokens),
+             ("summaries", "summaries", lambda t: t.summary_tokens),
              ("verbatim", "transcript as stored",
-              lambda t: t.transcript_tokens - t.clipped_tokens - t.cleared_tokens),
+              lambda t: t.transcript_tokens - t.summary_tokens - t.clipped_tokens - t.cleared_tokens),
              ("clipped", "events fed clipped", lambda t: t.clipped_tokens),
              ("cleared", "tool results fed as their cleared placeholder", lambda t: t.cleared_tokens))
+MARKER = "M{x} 30 L{left} 36 L{right} 36 Z"  # a small triangle under the bar, pointing up at what changed
+
+
+def changes(turn: TurnOverview) -> list[tuple[str, str, str]]:
+    """What the turn's window changed against the one fed before it: (kind, short text, title) of
+    each marker, kind "summaries", "cleared" or "start"."""
+    found = []
+    change = turn.changes
+    if change.summaries_entered or change.summaries_left:
+        said = [f"summary {s.ref} entered the window (recorded for iteration {s.iteration}, standing in for "
+                f"{len(s.replaced_turns)} entries of {s.tokens_before} tokens with {s.tokens_after})"
+                for s in change.summaries_entered]
+        said += [f"summary {ref} left the window" for ref in change.summaries_left]
+        short = " ".join(filter(None, (f"+{len(change.summaries_entered)}" if change.summaries_entered else "",
+                                       f"-{len(change.summaries_left)}" if change.summaries_left else "")))
+        found.append(("summaries", f"summaries {short}", "; ".join(said)))
+    if change.cleared:
+        original = sum(form.original_tokens for form in change.cleared)
+        placeholders = sum(form.tokens for form in change.cleared)
+        found.append(("cleared", f"{len(change.cleared)} cleared",
+                      f"{len(change.cleared)} tool result(s) cleared: {original} tokens now fed as "
+                      f"{placeholders} tokens of placeholders"))
+    if change.start_moved:
+        was, now = change.start_moved
+        found.append(("start", "start moved", f"the window's start moved: its first event fed verbatim was "
+                                              f"{was or '(none)'}, now {now or '(none)'}"))
+    return found
 
 
 def _bar(turn: TurnOverview, scale: float) -> str:
     """The turn's timeline row as inline SVG: what was fed, stacked, against the transcript's
     budget (the dashed box after the sections); under it the cached share the cache report
-    predicted and the one the provider reported; a red mark where the cache broke."""
+    predicted and the one the provider reported; a red mark where the cache broke; under those,
+    a mark where summaries entered (or left), where tool results were cleared and where the
+    window's start moved, each at its part of the bar."""
     def x(tokens: int) -> float:
         return round(tokens * scale, 1)
 
     fixed = turn.fed_tokens - turn.transcript_tokens
-    shapes, at = [], 0
+    shapes, at, starts = [], 0, {}
     for css, legend, tokens_of in BAR_PARTS:
         tokens = tokens_of(turn)
+        starts[css] = at
         shapes.append(f'<rect class="part {css}" x="{x(at)}" y="2" width="{x(tokens)}" height="14" '
                       f'data-tokens="{tokens}"><title>{legend}: {tokens} tokens</title></rect>')
         at += tokens
@@ -99,10 +137,14 @@ def _bar(turn: TurnOverview, scale: float) -> str:
         shapes.append(f'<g class=cache-break data-break-reason="{escape(turn.break_reason)}"><title>cache broke: '
                       f'{escape(turn.break_reason)}</title><path d="M{where - 4} 18 L{where + 4} 18 L{where} 29 Z"/>'
                       f'</g>')
+    for kind, _, title in changes(turn):
+        where = x(starts["verbatim" if kind == "start" else kind])
+        shapes.append(f'<g class="marker {kind}" data-kind="{kind}"><title>{escape(title)}</title>'
+                      f'<path d="{MARKER.format(x=where, left=where - 4, right=where + 4)}"/></g>')
     label = (f"turn {turn.iteration}: {turn.fed_tokens} tokens fed, {fixed} of sections and tools, "
              f"{turn.transcript_tokens} of transcript against a budget of {turn.budget}")
-    return (f'<svg class=bar role=img aria-label="{escape(label)}" width="{BAR_WIDTH + 10}" height="30" '
-            f'viewBox="-5 0 {BAR_WIDTH + 10} 30">{"".join(shapes)}</svg>')
+    return (f'<svg class=bar role=img aria-label="{escape(label)}" width="{BAR_WIDTH + 10}" height="37" '
+            f'viewBox="-5 0 {BAR_WIDTH + 10} 37">{"".join(shapes)}</svg>')
 
 
 def _pages_nav(run_id: str, page_number: int, pages: int, shown: list[TurnOverview], total: int) -> str:
@@ -115,32 +157,63 @@ def _pages_nav(run_id: str, page_number: int, pages: int, shown: list[TurnOvervi
     return f"<p class=pages>Page {page_number} of {pages} ({where}) {' '.join(links)}</p>"
 
 
-def run_page(run_id: str, turns: list[TurnOverview], total: int, page_number: int, pages: int) -> str:
+def usd(amount: float) -> str:
+    return f"${amount:.6f}"
+
+
+def _cost_cells(cost: InputCost, prices: InspectorSettings) -> str:
+    source = "reported" if cost.source == REPORTED else "predicted"
+    title = (f"{cost.uncached_tokens} uncached tokens at ${prices.input_usd_per_mtok}/M, {cost.cached_tokens} "
+             f"cached ({cost.source}) at ${prices.cached_input_usd_per_mtok}/M, {cost.written_tokens} written to "
+             f"the cache at ${prices.cache_write_usd_per_mtok}/M")
+    return (f'<td class="number cost" data-source="{source}" data-uncached="{cost.uncached_tokens}" '
+            f'data-cached="{cost.cached_tokens}" data-written="{cost.written_tokens}" title="{escape(title)}">'
+            f'<span class=usd>{usd(cost.usd)}</span> <small>{source}</small></td>'
+            f'<td class="number without-caching" title="{cost.tokens} tokens at ${prices.input_usd_per_mtok}/M">'
+            f'{usd(cost.without_caching_usd)}</td>')
+
+
+def run_page(run_id: str, turns: list[TurnOverview], total: int, page_number: int, pages: int,
+             prices: InspectorSettings) -> str:
     widest = max((max(t.fed_tokens, t.fed_tokens - t.transcript_tokens + t.budget, t.predicted_cached_tokens,
                       t.reported_cached_tokens or 0) for t in turns), default=1)
     scale = BAR_WIDTH / max(widest, 1)
+    costs = [input_cost(t, prices) for t in turns]
     rows = "".join(
         f"<tr class=turn data-iteration={t.iteration}><td><a href=\"{turn_path(run_id, t.iteration)}\">"
         f"{t.iteration}</a></td><td class=timeline>{_bar(t, scale)}</td>"
         + "".join(f"<td class=\"number {css}\">{'' if value is None else value}</td>" for css, value in (
             ("sections", t.fed_tokens - t.transcript_tokens), ("transcript", t.transcript_tokens),
-            ("clipped", t.clipped_tokens), ("cleared", t.cleared_tokens), ("budget", t.budget),
-            ("fed", t.fed_tokens), ("summaries", t.summaries),
+            ("summary-tokens", t.summary_tokens), ("clipped", t.clipped_tokens), ("cleared", t.cleared_tokens),
+            ("budget", t.budget), ("fed", t.fed_tokens), ("summaries", t.summaries),
             ("predicted", t.predicted_cached_tokens), ("reported", t.reported_cached_tokens)))
-        + f"<td class=break-reason>{escape(t.break_reason)}</td></tr>" for t in turns)
+        + f"<td class=break-reason>{escape(t.break_reason)}</td><td class=changes>"
+        + "".join(f'<span class=change data-kind="{kind}" title="{escape(title)}">{escape(short)}</span>'
+                  for kind, short, title in changes(t))
+        + f"</td>{_cost_cells(cost, prices)}</tr>" for t, cost in zip(turns, costs))
     legend = ("<p class=legend><span class=\"key sections\"></span> sections and tools "
-              "<span class=\"key verbatim\"></span> transcript "
+              "<span class=\"key summaries\"></span> summaries <span class=\"key verbatim\"></span> transcript "
               "<span class=\"key clipped\"></span> clipped <span class=\"key cleared\"></span> cleared "
               "<span class=\"key budget\"></span> transcript budget; under the bar: "
               "<span class=\"key predicted\"></span> cached, predicted "
               "<span class=\"key reported\"></span> cached, reported by the provider; "
-              "<span class=cache-key>&#9660;</span> the cache broke there (why: last column)</p>")
+              "<span class=cache-key>&#9660;</span> the cache broke there (why: its column); "
+              "&#9650; summaries entered or left the window, tool results were cleared, the window's start "
+              "moved (its column)</p>")
+    spent, without = sum(c.usd for c in costs), sum(c.without_caching_usd for c in costs)
+    saved = f", {100 * (without - spent) / without:.0f}%" if without else ""
+    cost = (f"<p class=costs>Modelled input cost of the turns on this page: <span id=page-cost>{usd(spent)}</span>; "
+            f"without caching: <span id=page-cost-without-caching>{usd(without)}</span> (saved "
+            f"{usd(without - spent)}{saved}). Prices per million tokens: input ${prices.input_usd_per_mtok}, "
+            f"cached input ${prices.cached_input_usd_per_mtok}, cache writes ${prices.cache_write_usd_per_mtok} "
+            f"([inspector] settings).</p>")
     nav = _pages_nav(run_id, page_number, pages, turns, total)
-    return page(f"Run {run_id}", f"{nav}{legend}<table id=turns><tr><th>Iteration</th><th>Timeline</th>"
-                                 "<th>Sections and tools</th><th>Transcript tokens</th><th>Of which clipped</th>"
-                                 "<th>Of which cleared</th>"
+    return page(f"Run {run_id}", f"{nav}{legend}{cost}<table id=turns><tr><th>Iteration</th><th>Timeline</th>"
+                                 "<th>Sections and tools</th><th>Transcript tokens</th><th>Of which summaries</th>"
+                                 "<th>Of which clipped</th><th>Of which cleared</th>"
                                  "<th>Transcript budget</th><th>Tokens fed</th><th>Summaries fed</th>"
-                                 "<th>Cached, predicted</th><th>Cached, reported</th><th>Cache broke</th></tr>"
+                                 "<th>Cached, predicted</th><th>Cached, reported</th><th>Cache broke</th>"
+                                 "<th>Changed</th><th>Input cost</th><th>Without caching</th></tr>"
                                  f"{rows}</table>{nav}")
 
 

@@ -75,7 +75,7 @@ class Inspector:
         if not 1 <= page_number <= last:
             return HTTPStatus.NOT_FOUND, pages.message_page(
                 "Not found", f"run {run_id!r} has {last} page(s) of turns, not {asked!r}")
-        return HTTPStatus.OK, pages.run_page(run_id, turns, total, page_number, last)
+        return HTTPStatus.OK, pages.run_page(run_id, turns, total, page_number, last, self._settings)
 
 
 def _handler(inspector: Inspector) -> type[BaseHTTPRequestHandler]:

@@ -201,6 +201,15 @@ def _keep_walked(cache: Cache, key: tuple[bytes, str], walked: dict[int, InForce
     cache.put(key, walked, len(walked) * _IN_FORCE_BYTES)
 
 
+def fed_tokens(txn: Txn, db: dict, key: bytes, indexes: list[int]) -> int:
+    """The tokens the summaries at ``indexes`` weigh in a window (each one's ``tokens_after``, what
+    its entry is counted as), read from their records' fixed heads."""
+    if not indexes:
+        return 0
+    record = summary_records(txn, db, key)
+    return sum(_in_force(index, record(index)).tokens for index in indexes)
+
+
 def newest_in_force(txn: Txn, db: dict, key: bytes, top: Summary | None, count: int,
                     incarnation: str) -> list[InForce]:
     """The newest ``count`` summaries in force once ``top`` is, oldest first."""

@@ -18,6 +18,7 @@ from sidecar.caching import Cache, Caches, CacheSpec
 from sidecar.context_window import sections
 from sidecar.context_window.profiles import Profile, Task
 from sidecar.context_window.sections import HistoryCache, Section
+from sidecar.context_window.state import Usage
 from sidecar.errors import NO_DEADLINE, Deadline, NotFound, ValidationError
 from sidecar.settings import ClearingSettings, ContextSettings, RenderSettings
 from sidecar.storage.codec import StoredEvent, decode_event
@@ -52,12 +53,15 @@ from sidecar.transcript.runs import (
 )
 from sidecar.transcript.schema import (
     CompactionRecord,
+    FedForm,
+    WindowRecord,
     artifact,
     compaction_records,
     event_record,
     forms_listed,
     iter_records,
     log_entries_in,
+    read_ids,
     run_id_of,
     run_key,
     run_records_of,
@@ -73,6 +77,7 @@ from sidecar.transcript.summaries import (
     read_artifacts,
     record_summary,
 )
+from sidecar.transcript.summaries import fed_tokens as fed_summary_tokens
 from sidecar.transcript.turn import AssembledContext, Turn, TurnServices
 from sidecar.transcript.window import ReadBack, TranscriptWindow, from_record
 from sidecar.validation import check_at_least, check_id, check_unbroken_runs, page_size, page_within_bytes
@@ -87,6 +92,20 @@ class RunOverview:
     tokens: int  # everything fed on the newest of them
     last_turn_ms: int  # when the newest was first assembled (ms since the epoch; 0: never)
     summaries: int  # summaries recorded in the run
+
+
+@dataclass(frozen=True, slots=True)
+class WindowChanges:
+    """What a fed window changed against the run's window fed before it (on the run's first, nothing):
+    found by comparing the two persisted records, so every change is named, not only the first
+    reason the cache report gives."""
+
+    summaries_entered: tuple[Summary, ...] = ()  # fed now, not before (each as recorded)
+    summaries_left: tuple[str, ...] = ()  # the refs of summaries fed before, not now
+    cleared: tuple[FedForm, ...] = ()  # tool results fed as their cleared placeholder now, not before
+    # The ids of the first event fed verbatim (after the summaries) before and now, when it changed:
+    # the window's start moved. "": the window had none.
+    start_moved: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +126,10 @@ class TurnOverview:
     request_tokens: int = 0
     break_reason: str = ""
     reported_cached_tokens: int | None = None  # the provider's, as RecordUsage gave it (None: not called)
+    summary_tokens: int = 0  # of transcript_tokens: the summaries fed
+    rendering: str = ""  # the form the cache report counted the request in ("": the plain window)
+    usage: Usage | None = None  # RecordUsage's figures for the iteration (None: not called)
+    changes: WindowChanges = WindowChanges()
 
 
 R = TypeVar("R")  # what a writing call's caller makes of its result (``respond``)
@@ -376,24 +399,35 @@ class Transcripts:
 
     def turns(self, tenant: str, run_id: str, skip: int = 0, limit: int = 100) -> tuple[list[TurnOverview], int]:
         """Up to ``limit`` of the windows fed in the run, by iteration, after its first ``skip``,
-        and how many there are (NotFound: no such run of ``tenant``). Only those are read in full."""
+        and how many there are (NotFound: no such run of ``tenant``). Only those are read in full,
+        and the one before them, which the first of them is compared with."""
         key = run_key(tenant, run_id)
+        db = self._db
         with self._store.read() as txn:
-            require_run(txn, self._db, key, run_id)
+            require_run(txn, db, key, run_id)
             turns = []
-            for iteration, record in windows_from(txn, self._db, key, skip, limit):
+            windows = windows_from(txn, db, key, max(skip - 1, 0), limit + (skip > 0))
+            before: tuple[WindowRecord, list[FedForm]] | None = None
+            for position, (iteration, record) in enumerate(windows):
+                forms = forms_listed(txn, db, key, record.fed or [])
+                if position == 0 and skip > 0:
+                    before = record, forms
+                    continue
                 report = sections.cache_report(record.cache) if record.cache else None
                 usage = self.contexts.usage_of(txn, key, iteration)
                 # Clipped in this turn (the record holds the text), or in another form made before.
-                forms = forms_listed(txn, self._db, key, record.fed or [])
                 clipped = sum(tokens for _, _, tokens in record.clipped) + \
                     sum(form.tokens for form in forms if form.kind == "clipped")
                 turns.append(TurnOverview(
                     iteration, record.budget, record.tokens, record.fed_tokens, len(record.summaries), clipped,
                     sum(form.tokens for form in forms if form.kind == "cleared"),
                     report.stable_prefix_tokens if report else 0, report.request_tokens if report else 0,
-                    report.break_reason if report else "", usage.reported_cached_tokens if usage else None))
-            return turns, window_count(txn, self._db, key)
+                    report.break_reason if report else "", usage.reported_cached_tokens if usage else None,
+                    fed_summary_tokens(txn, db, key, [index for index, _ in record.summaries]),
+                    (record.cache or {}).get("form", ""), usage,
+                    _changes(txn, db, key, before, record, forms) if before else WindowChanges()))
+                before = record, forms
+            return turns, window_count(txn, db, key)
 
     # -- summaries ----------------------------------------------------------------------------
 
@@ -499,6 +533,31 @@ class Transcripts:
                 deadline.check("while the texts were counted")
                 counts.append(counter.count(text))
         return counter.name, counts
+
+
+def _first_verbatim(record: WindowRecord) -> int | None:
+    """The seq of the first event a window fed after its summaries (None: it fed none)."""
+    skipped = set(record.skip)
+    return next((seq for seq in range(record.start, record.end) if seq not in skipped), None)
+
+
+def _changes(txn: Txn, db: dict, key: bytes, before: tuple[WindowRecord, list[FedForm]], record: WindowRecord,
+             forms: list[FedForm]) -> WindowChanges:
+    """What ``record`` changed against the window fed before it (``before``, with its forms)."""
+    previous, previous_forms = before
+    refs_before = {ref for _, ref in previous.summaries}
+    refs_now = {ref for _, ref in record.summaries}
+    entered = tuple(load_summary(txn, db, key, index) for index, ref in record.summaries if ref not in refs_before)
+    cleared_before = {form.seq for form in previous_forms if form.kind == "cleared"}
+    first_before, first_now = _first_verbatim(previous), _first_verbatim(record)
+    moved = None
+    if first_before != first_now:
+        def event_id(seq: int | None) -> str:
+            return "" if seq is None else read_ids(txn, db, key, seq, seq + 1)[0]
+        moved = event_id(first_before), event_id(first_now)
+    return WindowChanges(entered, tuple(ref for _, ref in previous.summaries if ref not in refs_now),
+                         tuple(form for form in forms if form.kind == "cleared" and form.seq not in cleared_before),
+                         moved)
 
 
 def _pair(assembled: AssembledContext, appended: list[AppendResult]) -> tuple[AssembledContext, list[AppendResult]]:
