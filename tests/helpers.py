@@ -306,6 +306,42 @@ class Sidecar:
         return self.process.returncode, self.log()
 
 
+def _socket_inodes(pid: int) -> set[str]:
+    """The inodes of the sockets the process ``pid`` holds (Linux's /proc/<pid>/fd)."""
+    sockets = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            sockets.add(target[len("socket:["):-1])
+    return sockets
+
+
+def listening_ports(pid: int) -> set[int]:
+    """The TCP ports the process listens on: its sockets among the listening ones."""
+    sockets = _socket_inodes(pid)
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in sockets:  # 0A: LISTEN
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def listening_unix_sockets(pid: int) -> set[str]:
+    """The paths of the unix sockets the process listens on."""
+    sockets = _socket_inodes(pid)
+    paths = set()
+    for line in Path("/proc/net/unix").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[3] == "00010000" and fields[6] in sockets and len(fields) > 7:  # __SO_ACCEPTCON: listening
+            paths.add(fields[7])
+    return paths
+
+
 def run_cli(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "sidecar", *args], cwd=tmp_path, capture_output=True, text=True,
                           timeout=60, env={**os.environ, **(env or {})})

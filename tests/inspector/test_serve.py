@@ -5,7 +5,6 @@ each through a real sidecar process, as a user starts it."""
 from __future__ import annotations
 
 import http.client
-import os
 import signal
 import socket
 import stat
@@ -16,7 +15,7 @@ from pathlib import Path
 import pytest
 from context_sidecar_client.v1 import sidecar_pb2 as pb
 
-from tests.helpers import Sidecar, ev, run_cli
+from tests.helpers import Sidecar, ev, listening_ports, listening_unix_sockets, run_cli
 
 INSPECTOR_READY = "context-sidecar inspector on "
 
@@ -65,26 +64,8 @@ def one_turn(sidecar: Sidecar, run_id: str) -> None:
                                                            append_events=[ev("u1", content="hello")]))
 
 
-def listening_sockets(pid: int) -> tuple[int, int]:
-    """How many TCP sockets (IPv4 and IPv6) and unix sockets the process ``pid`` listens on (Linux's /proc)."""
-    inodes = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[len("socket:["):-1])
-    tcp = 0
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with open(table) as lines:
-            next(lines)
-            tcp += sum(1 for line in lines if line.split()[3] == "0A" and line.split()[9] in inodes)  # 0A: LISTEN
-    with open("/proc/net/unix") as lines:
-        next(lines)
-        # Flags 00010000: __SO_ACCEPTCON, a listening socket.
-        unix = sum(1 for line in lines if line.split()[3] == "00010000" and line.split()[6] in inodes)
-    return tcp, unix
+def port_of(url: str) -> int:
+    return int(url.rpartition(":")[2])
 
 
 def test_serve_serves_the_inspector_on_a_loopback_port_from_the_settings(tmp_path: Path) -> None:
@@ -104,7 +85,9 @@ def test_serve_serves_the_inspector_on_a_loopback_port_from_the_settings(tmp_pat
         # [inspector] turns_per_page is the timeline's page: two turns, two pages.
         assert get(http_connection(url), "/runs/served-run-2?page=2")[0] == 200
         assert get(http_connection(url), "/runs/served-run-2?page=3")[0] == 404
-        assert listening_sockets(sidecar.process.pid) == (2, 0)  # the gRPC server's port and the inspector's
+        # The gRPC server's port and the inspector's, no other.
+        assert listening_ports(sidecar.process.pid) == {port_of(sidecar.address), port_of(url)}
+        assert listening_unix_sockets(sidecar.process.pid) == set()
     finally:
         code, log = sidecar.stop()
     assert code == 0, log
@@ -128,7 +111,8 @@ def test_serve_serves_the_inspector_on_an_owner_only_unix_socket(tmp_path: Path)
         assert status == 200 and "<h1>Runs</h1>" in page and "socket-run" in page
         status, page = get(UnixHTTPConnection(str(path)), "/runs/socket-run")
         assert status == 200 and "data-iteration=1" in page
-        assert listening_sockets(sidecar.process.pid) == (1, 1)
+        assert listening_ports(sidecar.process.pid) == {port_of(sidecar.address)}
+        assert listening_unix_sockets(sidecar.process.pid) == {str(path)}
     finally:
         code, log = sidecar.stop()
     assert code == 0, log
@@ -155,7 +139,8 @@ def test_serve_serves_no_inspector_by_default(tmp_path: Path) -> None:
     sidecar = Sidecar(tmp_path)
     try:
         one_turn(sidecar, "r")
-        assert listening_sockets(sidecar.process.pid) == (1, 0)  # the gRPC server's port alone
+        assert listening_ports(sidecar.process.pid) == {port_of(sidecar.address)}  # the gRPC server's alone
+        assert listening_unix_sockets(sidecar.process.pid) == set()
     finally:
         sidecar.process.send_signal(signal.SIGTERM)
         rest, _ = sidecar.process.communicate(timeout=30)

@@ -28,7 +28,7 @@ from sidecar.storage.environment import Store
 from sidecar.telemetry import metrics
 from sidecar.telemetry.metrics import Metrics
 from sidecar.text.redaction import DETECTORS
-from tests.helpers import DETECTED, CommitsSeen, Sidecar, call_error, filler, run_cli, tool_turn
+from tests.helpers import DETECTED, CommitsSeen, Sidecar, call_error, filler, listening_ports, run_cli, tool_turn
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 RUN, TOOL_RUN, REF, SECRETS_REF = "metrics-run-7f3a", "metrics-tools-51c2", "notes-9c1e", "vault-e0d4"
@@ -76,25 +76,6 @@ def until(condition, what: str, seconds: float = 15.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, f"{what}: not within {seconds} s"
         time.sleep(0.05)
-
-
-def listening_ports(pid: int) -> set[int]:
-    """The TCP ports the process listens on: its sockets (/proc/<pid>/fd) among the listening ones."""
-    sockets = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            sockets.add(target[len("socket:["):-1])
-    ports = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in Path(table).read_text().splitlines()[1:]:
-            fields = line.split()
-            if fields[3] == "0A" and fields[9] in sockets:  # 0A: LISTEN
-                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
-    return ports
 
 
 def port_of(address: str) -> int:
