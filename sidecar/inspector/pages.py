@@ -137,8 +137,10 @@ def _bar(turn: TurnOverview, scale: float) -> str:
         shapes.append(f'<g class=cache-break data-break-reason="{escape(turn.break_reason)}"><title>cache broke: '
                       f'{escape(turn.break_reason)}</title><path d="M{where - 4} 18 L{where + 4} 18 L{where} 29 Z"/>'
                       f'</g>')
+    last = -10.0
     for kind, _, title in changes(turn):
-        where = x(starts["verbatim" if kind == "start" else kind])
+        # At its part of the bar; beside the one before where they would overlap (a small summary).
+        where = last = max(x(starts["verbatim" if kind == "start" else kind]), last + 9)
         shapes.append(f'<g class="marker {kind}" data-kind="{kind}"><title>{escape(title)}</title>'
                       f'<path d="{MARKER.format(x=where, left=where - 4, right=where + 4)}"/></g>')
     label = (f"turn {turn.iteration}: {turn.fed_tokens} tokens fed, {fixed} of sections and tools, "
