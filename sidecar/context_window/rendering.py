@@ -374,22 +374,30 @@ def uncounted(text: str) -> int:
     return 0
 
 
-def openai_parts(history: ItemsOrHistory, fixed: Callable[[str], int] = uncounted) -> list[Part]:
+def openai_parts(history: ItemsOrHistory, fixed: Callable[[str], int] = uncounted,
+                 holding: list[tuple[HistoryItem, ...]] | None = None) -> list[Part]:
     """The history's input items in :func:`openai_responses` order, as parts; ``fixed`` counts
-    the rendering's fixed texts (a missing result's)."""
+    the rendering's fixed texts (a missing result's); ``holding``, when given, gets the items each
+    part holds, in the parts' order (a reader showing them; a turn passes none)."""
     parts: list[Part] = []
     add = parts.append
     for turn in _turns(history):
         if not turn.assistant:
             for _, item in turn.items:
                 add((item.key, item.tokens))
+                if holding is not None:
+                    holding.append((item,))
             continue
         for is_call, item in turn.items:
             add(("C" + item.key if is_call else item.key, item.tokens))
+            if holding is not None:
+                holding.append((item,))
         for call_id, results in turn.calls.items():
             tokens = results[0].tokens if len(results) == 1 else \
                 sum(r.tokens for r in results if r.text) if results else fixed(NO_RESULT)
             add((_output_key("O", call_id, results), tokens))
+            if holding is not None:
+                holding.append(tuple(results))
     return parts
 
 
@@ -416,16 +424,22 @@ def _nothing_wanted(item: HistoryItem) -> bool:
 
 
 def anthropic_parts_and_first(history: ItemsOrHistory, wanted: Callable[[HistoryItem], bool] | None,
-                              fixed: Callable[[str], int] = uncounted) -> tuple[list[Part], int]:
+                              fixed: Callable[[str], int] = uncounted,
+                              holding: list[tuple[HistoryItem, ...]] | None = None) -> tuple[list[Part], int]:
     """:func:`anthropic_parts` and :func:`anthropic_first_block` in one pass over the history
     (a turn's request needs both; ``wanted`` None: no block is looked for, the index is -1);
-    ``fixed`` counts the rendering's fixed texts."""
+    ``fixed`` counts the rendering's fixed texts; ``holding``, when given, gets the items each
+    block holds, in the parts' order (none for a block of the rendering's own text)."""
     parts: list[Part] = []
     turns = _turns(history)
     if not turns:
+        if holding is not None:
+            holding.append(())
         return [("<uN", fixed(NO_MESSAGES))], -1
     if turns[0].assistant:
         parts.append(("<uK", fixed(CONTINUED)))
+        if holding is not None:
+            holding.append(())
     first = -1
     looking = wanted is not None
     is_wanted = wanted if wanted is not None else _nothing_wanted  # called only while looking
@@ -442,6 +456,9 @@ def anthropic_parts_and_first(history: ItemsOrHistory, wanted: Callable[[History
                         first, looking = index, False
                         break
         owed = []
+        if holding is not None:
+            holding += [tuple(results) for results in owed_results] if not turn.assistant else ()
+            holding += [(item,) for _, item in turn.items]
         for is_call, item in turn.items:
             if looking and is_wanted(item):
                 first, looking = len(parts) + len(blocks), False
@@ -463,6 +480,8 @@ def anthropic_parts_and_first(history: ItemsOrHistory, wanted: Callable[[History
                     break
         owed[0] = ("<u" + owed[0][0], owed[0][1])
         parts += owed
+        if holding is not None:
+            holding += [tuple(results) for results in owed_results]
     return parts, first
 
 
@@ -651,3 +670,63 @@ def anthropic_messages(static: AnthropicStatic, task_sections: Sequence[TextSect
         out[end] = out[end][:-1] + "," + CACHE_CONTROL + "}"
     out.append("]}")
     return "".join(out)
+
+
+# Where a body's parts are ---------------------------------------------------------------------------
+
+# A JSON body's tokens that matter to its structure: a string (a key when a colon follows), a bracket.
+_JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"(\s*:)?|[{}\[\]]')
+_CACHE_CONTROL_KEY = '"cache_control"'
+
+
+@dataclass(frozen=True, slots=True)
+class BodyMap:
+    """Where a rendered body's parts and breakpoints are, as offsets into its text."""
+
+    starts: list[int]  # where each part after the static prefix begins, in the parts' order
+    end: int  # where the last part ends (the history's array closes there)
+    breakpoints: list[int]  # where each block-level ``cache_control`` begins (CACHE_CONTROL's text)
+
+
+def body_map(form: str, body: str, static_blocks: int) -> BodyMap:
+    """Where the parts of ``body`` (rendered in ``form``) begin, found in its JSON: for OpenAI each
+    ``input`` item; for Anthropic each ``system`` block after the ``static_blocks`` static ones (the
+    per-task sections), then each block of the messages' contents. Its breakpoints are the
+    ``cache_control`` keys of system and message content blocks (a tool's schema or a call's
+    arguments may hold that key too: those are not breakpoints)."""
+    stack: list[tuple[str, str]] = []  # each open container's bracket and the key it sits under
+    key = ""
+    system: list[int] = []
+    blocks: list[int] = []
+    breakpoints: list[int] = []
+    end = 0
+    for token in _JSON_TOKEN.finditer(body):
+        text = token.group()
+        if text[0] == '"':
+            colon = token.group(1)
+            key = text[:len(text) - len(colon)] if colon is not None else ""
+            if key == _CACHE_CONTROL_KEY and _path(stack) in (("system", ""), ("messages", "", "content", "")):
+                breakpoints.append(token.start())
+            continue
+        if text in "{[":
+            where = _path(stack)
+            if form == "openai_responses" and where == ("input",):
+                blocks.append(token.start())
+            elif where == ("system",):
+                system.append(token.start())
+            elif where == ("messages", "", "content"):
+                blocks.append(token.start())
+            stack.append((text, key if stack and stack[-1][0] == "{" else ""))
+            key = ""
+            continue
+        closed = _path(stack)
+        stack.pop()
+        key = ""
+        if closed in (("input",), ("messages", "", "content")):
+            end = token.start()
+    return BodyMap((system[static_blocks:] if form == "anthropic_messages" else []) + blocks, end, breakpoints)
+
+
+def _path(stack: list[tuple[str, str]]) -> tuple[str, ...]:
+    """The keys (unquoted; "" for an array's element) from the body's root to where the scan is."""
+    return tuple(key.strip('"') for _, key in stack[1:])

@@ -38,6 +38,7 @@ from sidecar.context_window.rendering import (
     PER_TURN,
     STATIC,
     AnthropicStatic,
+    BodyMap,
     History,
     HistoryItem,
     OpenAIStatic,
@@ -46,6 +47,7 @@ from sidecar.context_window.rendering import (
     anthropic_messages,
     anthropic_parts_and_first,
     anthropic_rolling,
+    body_map,
     is_blank,
     item_key,
     openai_parts,
@@ -301,15 +303,17 @@ class CacheReport:
     request_tokens: int = 0  # the whole request's, counted alike (0: a report persisted before it was)
 
 
-def request_parts(form: str, plan: Layout, history: History,
-                  count: Callable[[str], int] = uncounted) -> tuple[list[Part], int, int]:
+def request_parts(form: str, plan: Layout, history: History, count: Callable[[str], int] = uncounted,
+                  holding: list[tuple[HistoryItem, ...]] | None = None) -> tuple[list[Part], int, int]:
     """The request as parts (see sidecar.context_window.rendering), the index of its first history part, and
     for Anthropic the history block of the first tool result a clearing will replace (-1: none, or
     another form; found in the same pass):
     the static prefix (the static sections and the tools; for OpenAI also the prompt cache key,
     which routes the request to a cache), each per-task section, then the history: the window's
     entries for the plain form (""), the body's items for a rendering. A part's tokens are its
-    texts' as sent, without framing; ``count`` counts those the rendering adds (the run's counter)."""
+    texts' as sent, without framing; ``count`` counts those the rendering adds (the run's counter).
+    ``holding``, when given, gets the history items each part holds (none for the prefix's and the
+    per-task sections')."""
     static_tokens = sum(s.tokens for s in plan.sections if s.stability == STATIC) + plan.profile.tools_tokens
     if form == "openai_responses":
         texts = _static_texts(plan)
@@ -320,15 +324,25 @@ def request_parts(form: str, plan: Layout, history: History,
     parts += [task_part(s.name, s.text, s.tokens) for s in plan.sections
               if s.stability != STATIC and not (form and is_blank(s.text))]
     start = len(parts)
+    if holding is not None:
+        holding += [()] * start
     clearable = -1
     if form == "openai_responses":
-        parts += openai_parts(history, count)
+        parts += openai_parts(history, count, holding)
     elif form == "anthropic_messages":
-        history_parts, clearable = anthropic_parts_and_first(history, _clearable, count)
+        history_parts, clearable = anthropic_parts_and_first(history, _clearable, count, holding)
         parts += history_parts
     else:
         parts += [(item.key, item.tokens) for item in history.items]
+        if holding is not None:
+            holding += [(item,) for item in history.items]
     return parts, start, clearable
+
+
+def body_parts(form: str, plan: Layout, body: str) -> BodyMap:
+    """Where the parts of :func:`request_parts` (after the static prefix) begin in ``body``, the
+    request rendered in ``form`` over ``plan``, and where its breakpoints are."""
+    return body_map(form, body, _static_texts(plan) if form == "anthropic_messages" else 0)
 
 
 def _clearable(item: HistoryItem) -> bool:
