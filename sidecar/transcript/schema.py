@@ -582,6 +582,15 @@ def previous_window_bytes(txn: Txn, db: dict, key: bytes, iteration: int) -> byt
     return cursor.value()
 
 
+def previous_iteration(txn: Txn, db: dict, key: bytes, iteration: int) -> int:
+    """The iteration of :func:`previous_window`'s record; 0 when there is none."""
+    cursor = _cursor(txn, db["windows"])
+    found = cursor.prev() if cursor.set_range(numbered_key(key, iteration)) else cursor.last()
+    if not found or len(cursor.key()) != len(key) + 4 or not cursor.key().startswith(key):
+        return 0
+    return int.from_bytes(cursor.key()[len(key):], "big")
+
+
 def put_window(txn: Txn, db: dict, key: bytes, iteration: int, record: WindowRecord) -> None:
     txn.put(numbered_key(key, iteration), record.encode(), db=db["windows"])
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar, overload
 
 from sidecar.caching import Cache, Caches, CacheSpec
@@ -78,7 +78,7 @@ from sidecar.transcript.summaries import (
     record_summary,
 )
 from sidecar.transcript.summaries import fed_tokens as fed_summary_tokens
-from sidecar.transcript.turn import AssembledContext, Turn, TurnServices
+from sidecar.transcript.turn import AssembledContext, Recorded, Turn, TurnServices
 from sidecar.transcript.window import ReadBack, TranscriptWindow, from_record
 from sidecar.validation import check_at_least, check_id, check_unbroken_runs, page_size, page_within_bytes
 
@@ -384,6 +384,22 @@ class Transcripts:
             if record is None:
                 raise NotFound(f"iteration {iteration} of run {run_id!r} was never assembled")
             return from_record(self._deps, txn, key, run_id, iteration, record, with_ranges=True)
+
+    def recorded_request(self, tenant: str, run_id: str, iteration: int,
+                         render: str) -> tuple[Recorded, Recorded | None]:
+        """The request fed for ``iteration`` in form ``render``, and the one its cache report
+        compares with (the newest earlier window's; None: a first turn), as their persisted
+        windows fed them: read only, nothing planned again or written (``Turn.as_recorded``)."""
+        key = run_key(tenant, run_id)
+        check_at_least("iteration", iteration, 1)
+        sections.check_render(render)
+        # Caches of its own, off: a reader's old window must not displace the run's newest in
+        # the caches its next turn reads (an answer is the same with them or without).
+        off = Caches(enabled=False)
+        services = replace(self._turns, history=HistoryCache(off), reads=ReadBack(off), reassemblies=None)
+        recorded = Turn(services, key, run_id, iteration, None, render).as_recorded()
+        before = recorded.previous_iteration
+        return recorded, Turn(services, key, run_id, before, None, render).as_recorded() if before else None
 
     def runs(self, tenant: str) -> list[RunOverview]:
         """Every run of ``tenant``, in id order, with its newest fed window's size."""

@@ -20,7 +20,7 @@ from typing import TypeVar
 from sidecar.context_window import sections
 from sidecar.context_window.policy import HistoryEvent, SummariseInput, SummariseResult, TriggerInput
 from sidecar.context_window.profiles import HISTORY
-from sidecar.context_window.rendering import History, uncounted
+from sidecar.context_window.rendering import STATIC, BodyMap, History, HistoryItem, task_part_names, uncounted
 from sidecar.context_window.sections import CacheReport, FedTranscript, HistoryCache, Layout, Section
 from sidecar.errors import Deadline, NotFound, PluginFailed, SidecarError
 from sidecar.settings import ClearingSettings, RenderSettings
@@ -44,6 +44,7 @@ from sidecar.transcript.runs import (
 from sidecar.transcript.schema import (
     Compaction,
     WindowRecord,
+    previous_iteration,
     previous_window,
     previous_window_bytes,
     put_window,
@@ -57,6 +58,7 @@ from sidecar.transcript.summaries import (
     SummaryRequest,
     candidates,
     extractive_summary,
+    load_summary,
     record_summary,
     tokens_of,
 )
@@ -92,6 +94,32 @@ class AssembledContext:
     # The answer's wire encoding, once made: a kept answer (``reassembly``) is then sent again as
     # the same bytes, not encoded again. A one-slot box that the wire fills; never compared.
     encoded: list[bytes] = field(default_factory=list, compare=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestPart:
+    """A part of a recorded request (the unit its cache report compares), as a reader sees it."""
+
+    key: str  # as the request's cache state holds it: equal keys, identical bytes
+    tokens: int  # its texts' (0 when not known)
+    section: str  # "static prefix", or the per-task section's name; "" for a part of the history
+    items: tuple[HistoryItem, ...]  # a history part's entries (a call's results: all of them)
+    text: str  # a section part's text ("" for a part of the history)
+    known: bool  # rebuilt now, it is the part that was sent (its key is the one recorded)
+
+
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    """A turn's request as its persisted window fed it (:meth:`Turn.as_recorded`)."""
+
+    answer: AssembledContext  # rendered "" when the body cannot be the one sent (``as_fed`` False)
+    recorded_form: str | None  # the render form its cache state was persisted in (None: before it was)
+    as_fed: bool  # the run's profile and task are those the window was fed with
+    parts: tuple[RequestPart, ...]  # in the answer's render form, by the answer's cache state
+    history_from: int  # the first history part's index
+    body: BodyMap | None  # where the parts and breakpoints are in ``answer.rendered`` (None: no body)
+    summaries: tuple[Summary, ...]  # those in the window, oldest first
+    previous_iteration: int  # the window the cache report compares with (0: none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,11 +366,9 @@ class Turn:
                      previous: WindowRecord | None) -> dict:
         """The request's cache state in the form ``render``, against the previous assembly's
         (``previous``: the window persisted for the newest earlier iteration; none: a first turn)."""
-        counter = window.token_counter
         context = window.context or {}
         return sections.cache_state(self.render, layout, transcript, history, tuple(context.get("changed", ())),
-                                    previous.cache if previous else None,
-                                    self._deps.counters.get(counter).count if counter != "host-defined" else uncounted,
+                                    previous.cache if previous else None, self._count(window),
                                     bool(context.get("cold")))
 
     def _cache_of(self, layout: Layout, window: TranscriptWindow, transcript: FedTranscript, history: History,
@@ -416,12 +442,55 @@ class Turn:
     # -- the answer ---------------------------------------------------------------------------
 
     def _answer(self, fed: Fed) -> AssembledContext:
-        rendered = ""
-        if self.render:
-            with tracing.phase("render"):
-                rendered = sections.render(self.render, fed.layout, fed.history, fed.cache,
-                                           self._services.render.openai_prompt_cache_retention)
-        return self._given(_assembled(fed, self.render, rendered))
+        return self._given(_assembled(fed, self.render, self._rendered(fed)))
+
+    def _rendered(self, fed: Fed) -> str:
+        if not self.render:
+            return ""
+        with tracing.phase("render"):
+            return sections.render(self.render, fed.layout, fed.history, fed.cache,
+                                   self._services.render.openai_prompt_cache_retention)
+
+    # -- read back, for a reader ----------------------------------------------------------------
+
+    def as_recorded(self) -> Recorded:
+        """The iteration's request as its persisted window fed it, read only: never planned again,
+        nothing written, no turn counted (``as_persisted`` plans the newest iteration again, and
+        then may leave it to a write). The answer is the one ``as_persisted`` builds from the
+        record; its body only when the run's profile and task are those the window was fed with
+        (the record keeps their digests): the sections are the run's current ones, so under
+        another layout the body would be one that was never sent."""
+        with self._services.store.read() as txn:
+            run, _ = require_run_record(txn, self._db, self.key, self.run_id)
+            record = window_at(txn, self._db, self.key, self.iteration)
+            if record is None:
+                raise NotFound(f"iteration {self.iteration} of run {self.run_id!r} was never assembled")
+            layout = self._services.contexts.layout(txn, self.key, run, self.run_id)
+            fed = self._as_fed(txn, run, layout, record, previous_window(txn, self._db, self.key, self.iteration))
+            summaries = tuple(load_summary(txn, self._db, self.key, index) for index, _ in record.summaries)
+            before = previous_iteration(txn, self._db, self.key, self.iteration)
+        as_fed = _fed_with(record, run)
+        rendered = self._rendered(fed) if as_fed else ""
+        answer = _assembled(fed, self.render, rendered)
+        holding: list[tuple[HistoryItem, ...]] = []
+        rebuilt, start, _ = sections.request_parts(self.render, layout, fed.history, self._count(fed.window), holding)
+        texts = {s.name: s.text for s in layout.sections}
+        static = "\n\n".join(s.text for s in layout.sections if s.stability == STATIC)
+        parts = []
+        for index, key in enumerate(fed.cache["keys"]):
+            rebuilt_key, tokens = rebuilt[index] if index < len(rebuilt) else ("", 0)
+            known = rebuilt_key == key and (as_fed or index >= start)
+            name = "static prefix" if index == 0 else next(iter(task_part_names([key])), "") if index < start else ""
+            text = (static if index == 0 else texts.get(name, "")) if index < start else ""
+            parts.append(RequestPart(key, tokens if known else 0, name, holding[index] if known else (),
+                                     text if known else "", known))
+        return Recorded(answer, record.cache["form"] if record.cache else None, as_fed, tuple(parts), start,
+                        sections.body_parts(self.render, layout, rendered) if rendered else None, summaries, before)
+
+    def _count(self, window: TranscriptWindow) -> Callable[[str], int]:
+        """The run's counter, for the texts a rendering adds (none for a host-defined one)."""
+        counter = window.token_counter
+        return self._deps.counters.get(counter).count if counter != "host-defined" else uncounted
 
     def _given(self, assembled: AssembledContext) -> AssembledContext:
         """``assembled``, counted as fed (built now, or kept from an earlier re-assembly)."""
@@ -483,8 +552,12 @@ def _tighter(max_transcript_tokens: int | None, layout: Layout) -> int:
 def _unchanged(chosen: Plan, record: WindowRecord, run: Run) -> bool:
     """The persisted window is what this assembly would feed: the same transcript plan, over
     the same profile and task."""
-    return chosen.same_as(record) and record.context is not None and \
-        record.context["digests"] == [run.profile_digest, run.task_digest]
+    return chosen.same_as(record) and _fed_with(record, run)
+
+
+def _fed_with(record: WindowRecord, run: Run) -> bool:
+    """The window was fed with the run's profile and task as they are now."""
+    return record.context is not None and record.context["digests"] == [run.profile_digest, run.task_digest]
 
 
 def _assembled(fed: Fed, render: str, rendered: str) -> AssembledContext:
