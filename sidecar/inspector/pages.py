@@ -219,7 +219,8 @@ def run_page(run_id: str, turns: list[TurnOverview], total: int, page_number: in
                                  f"{rows}</table>{nav}")
 
 
-def turn_page(window: TranscriptWindow) -> str:
+def turn_page(window: TranscriptWindow, more: str = "") -> str:
+    """The turn's entries as fed, then ``more`` (the request view's parts: turn_view)."""
     rows = []
     for position, entry in enumerate(window.entries(), 1):
         untrusted = is_fenced(entry.text)
@@ -238,7 +239,7 @@ def turn_page(window: TranscriptWindow) -> str:
                 f"<p><a href=\"{run_path(window.run_id)}\">All turns</a></p>{summary}"
                 "<table id=entries><tr><th>#</th><th>Role</th><th>Type</th><th>Tokens</th><th>Fed as</th>"
                 "<th>Text</th></tr>"
-                + "".join(rows) + "</table>")
+                + "".join(rows) + "</table>" + more)
 
 
 def message_page(title: str, message: str) -> str:

@@ -21,7 +21,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
 
 from sidecar.errors import NotFound, ValidationError
-from sidecar.inspector import memory_view, pages
+from sidecar.inspector import memory_view, pages, turn_view
 from sidecar.memory.api import Memories
 from sidecar.settings import DEFAULT_TENANT, AuthSettings, InspectorSettings, inspector_address
 from sidecar.transcript.transcripts import Transcripts
@@ -59,8 +59,9 @@ class Inspector:
             if len(parts) == 2 and parts[0] == "runs":
                 return self._run(tenant, parts[1], query.get("page", ["1"])[0])
             if len(parts) == 4 and parts[0] == "runs" and parts[2] == "turns" and parts[3].isdigit():
-                window = self._transcripts.transcript_window(tenant, parts[1], int(parts[3]))
-                return HTTPStatus.OK, pages.turn_page(window)
+                return HTTPStatus.OK, turn_view.turn_page(self._transcripts, tenant, parts[1], int(parts[3]), query)
+            if len(parts) == 3 and parts[0] == "runs" and parts[2] == "events":
+                return HTTPStatus.OK, turn_view.events_page(self._transcripts, tenant, parts[1], query)
         except (NotFound, ValidationError) as error:  # no such run of this tenant, or no such id at all
             return HTTPStatus.NOT_FOUND, pages.message_page("Not found", error.message)
         return HTTPStatus.NOT_FOUND, pages.message_page("Not found", f"no page at {path}")
