@@ -93,7 +93,7 @@ def _request(run_id: str, iteration: int, form: str, recorded: Recorded) -> str:
 def _marked_body(recorded: Recorded) -> str:
     """The body, escaped, with its breakpoints marked and the stable prefix's end."""
     body, where = recorded.answer.rendered, recorded.body
-    if where is None:
+    if where is None or len(where.starts) != len(recorded.parts) - 1:  # parts not found in it: nothing marked
         return escape(body)
     at = recorded.answer.cache.break_at
     end = where.end if at > len(where.starts) else where.starts[at - 1] if at else 0
