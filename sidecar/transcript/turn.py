@@ -475,7 +475,9 @@ class Turn:
         holding: list[tuple[HistoryItem, ...]] = []
         rebuilt, start, _ = sections.request_parts(self.render, layout, fed.history, self._count(fed.window), holding)
         texts = {s.name: s.text for s in layout.sections}
-        static = "\n\n".join(s.text for s in layout.sections if s.stability == STATIC)
+        tools = ", ".join(tool.name for tool in layout.profile.profile.tools)
+        static = "\n\n".join([s.text for s in layout.sections if s.stability == STATIC]
+                             + ([f"(tools: {tools})"] if tools else []))
         parts = []
         for index, key in enumerate(fed.cache["keys"]):
             rebuilt_key, tokens = rebuilt[index] if index < len(rebuilt) else ("", 0)
