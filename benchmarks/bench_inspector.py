@@ -5,7 +5,8 @@ A real sidecar process on a fresh store; ``context-sidecar bench --keep-runs`` p
 the previous answer, rendered for Anthropic), and keeps it. Then ``context-sidecar inspect``
 serves the inspector over the same store, as a user runs it, and each view is fetched over HTTP
 in interleaved rounds (a new connection each time, as a browser's first load of the page): the
-runs list, the run's first and last timeline pages, its first and newest turns. The floor is a
+runs list, the run's first and last timeline pages, its first and newest turns (with the request
+body and its diff: OpenAI's, and the newest's Anthropic's too). The floor is a
 page that reads nothing from the store (an address no view has: 404), measured in the same rounds;
 each view's p50 is printed over it. Every fetch must answer 200 with the page's own marker; no time
 is asserted.
@@ -78,6 +79,8 @@ def main() -> None:
                     f"run, timeline page {last_page}": (f"{run}?page={last_page}", b"id=turns", 200),
                     "turn 1": (f"{run}/turns/1", b"id=entries", 200),
                     f"turn {args.turns} (newest)": (f"{run}/turns/{args.turns}", b"id=entries", 200),
+                    f"turn {args.turns}, Anthropic body": (f"{run}/turns/{args.turns}?render=anthropic_messages",
+                                                           b"id=request-body", 200),
                 }
                 sizes: dict[str, int] = {}
 
