@@ -246,3 +246,27 @@ def test_another_tenants_turn_and_events_answer_404(context, driven) -> None:
         assert page.goto(base + path).status == 404, path
     assert page.goto(f"{base}/runs/{OTHER_RUN}/turns/1").status == 200
     assert page.goto(f"{base}/runs/{OTHER_RUN}/events").status == 200
+
+
+def test_a_cache_control_key_in_a_tool_or_its_arguments_is_no_breakpoint(context, driven) -> None:
+    """A tool's schema and a call's arguments are JSON of their own in the body: a key named
+    cache_control there, with the very value a breakpoint has, is not one."""
+    base, stub = driven["url"], driven["stub"]
+    lookalike = {"type": "object", "properties": {"x": {"default": {"cache_control": {"type": "ephemeral"}}}}}
+    stub.OpenRun(pb.OpenRunRequest(run_id="lookalike", profile=pb.Profile(
+        system_prompt="You are an agent.", tools=[pb.ToolDefinition(name="mark", description="Marks.",
+                                                                     parameters_json=json.dumps(lookalike))])))
+    events = [pb.Event(event_id="u1", role="user", content="Mark it."),
+              pb.Event(event_id="c1", role="assistant", type="tool_call", call_id="k1", tool_name="mark",
+                       content='{"cache_control":{"type":"ephemeral"}}')]
+    answer = stub.AssembleContext(pb.AssembleContextRequest(run_id="lookalike", iteration=1, append_events=events,
+                                                            render="anthropic_messages"))
+    body = answer.rendered
+    assert body.count(CACHE_CONTROL) > 2  # the tool's schema and the call's arguments hold one each
+    page = turn_page(signed_in(context, base, "acme"), base, 1, run_id="lookalike")
+    assert page.locator("#request-body").text_content() == body
+    at = offsets(page, "mark.breakpoint")
+    parsed = json.loads(body)
+    blocks = parsed["system"] + [b for m in parsed["messages"] for b in m["content"]]
+    assert len(at) == sum("cache_control" in block for block in blocks) == body.count(CACHE_CONTROL) - 2
+    assert all(body[point - 1:point + len(CACHE_CONTROL) + 1] == "," + CACHE_CONTROL + "}" for point in at)
