@@ -76,6 +76,10 @@ def _request(run_id: str, iteration: int, form: str, recorded: Recorded) -> str:
         notes += (f"<p class=warning id=other-form>This turn was assembled in the form "
                   f"\"{escape(recorded.recorded_form or 'plain')}\": this body is what AssembleContext answers for "
                   f"{FORMS[form]} now, and its cache report compares it with that form.</p>")
+    if not recorded.fed_again:
+        notes += ("<p class=warning id=not-fed-again>The run moved on since this turn was assembled (events "
+                  "appended, a summary recorded, its settings changed): AssembleContext for this iteration would "
+                  "now choose its window again. Shown is what was fed.</p>")
     if not recorded.as_fed:
         notes += ("<p class=warning id=not-as-fed>The run's profile or task changed after this turn, and only the "
                   "current ones are stored: the request body it was sent cannot be shown.</p>")

@@ -120,6 +120,9 @@ class Recorded:
     body: BodyMap | None  # where the parts and breakpoints are in ``answer.rendered`` (None: no body)
     summaries: tuple[Summary, ...]  # those in the window, oldest first
     previous_iteration: int  # the window the cache report compares with (0: none)
+    # AssembleContext for the iteration without events (and without max_transcript_tokens) would
+    # now feed this window again; False: it would choose another (the log or the run moved on).
+    fed_again: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,10 +193,7 @@ class Turn:
                 before = previous_window_bytes(txn, self._db, self.key, self.iteration)
             previous = None if before is None else WindowRecord.parse(before)
             record = WindowRecord.parse(stored)
-            if record.budget != budget:
-                settled = False
-            if not settled and not _unchanged(plan(self._deps, txn, self.key, run, self.iteration, tighter,
-                                                   _fed_cold(record), previous)[0], record, run):
+            if not self._feeds_again(txn, run, record, previous, settled, budget, tighter):
                 return None
             answer = self._answer(self._as_fed(txn, run, layout, record, previous))
         cache = record.cache
@@ -204,6 +204,15 @@ class Turn:
                                              + len(answer.rendered), None if settled else run_stored,
                                              None if settled else before, version))
         return answer
+
+    def _feeds_again(self, txn: Txn, run: Run, record: WindowRecord, previous: WindowRecord | None, settled: bool,
+                     budget: int, tighter: int) -> bool:
+        """Whether assembling the iteration again, under ``budget`` (``tighter``: its cap), feeds its
+        persisted ``record``: a ``settled`` one does while its budget holds; else it is planned again."""
+        if settled and record.budget == budget:
+            return True
+        return _unchanged(plan(self._deps, txn, self.key, run, self.iteration, tighter, _fed_cold(record), previous)[0],
+                          record, run)
 
     def assemble(self, events: Sequence[NewEvent], append: Callable[[LogWriter], list[AppendResult]],
                  deadline: Deadline, respond: Callable[[AssembledContext, list[AppendResult]], R]) -> R:
@@ -466,7 +475,11 @@ class Turn:
             if record is None:
                 raise NotFound(f"iteration {self.iteration} of run {self.run_id!r} was never assembled")
             layout = self._services.contexts.layout(txn, self.key, run, self.run_id)
-            fed = self._as_fed(txn, run, layout, record, previous_window(txn, self._db, self.key, self.iteration))
+            previous = previous_window(txn, self._db, self.key, self.iteration)
+            fed = self._as_fed(txn, run, layout, record, previous)
+            tighter = _tighter(None, layout)
+            again = self._feeds_again(txn, run, record, previous, self.iteration < run.last_assembled,
+                                      effective_budget(self._deps, run, tighter), tighter)
             summaries = tuple(load_summary(txn, self._db, self.key, index) for index, _ in record.summaries)
             before = previous_iteration(txn, self._db, self.key, self.iteration)
         as_fed = _fed_with(record, run)
@@ -487,7 +500,8 @@ class Turn:
             parts.append(RequestPart(key, tokens if known else 0, name, holding[index] if known else (),
                                      text if known else "", known))
         return Recorded(answer, record.cache["form"] if record.cache else None, as_fed, tuple(parts), start,
-                        sections.body_parts(self.render, layout, rendered) if rendered else None, summaries, before)
+                        sections.body_parts(self.render, layout, rendered) if rendered else None, summaries, before,
+                        again)
 
     def _count(self, window: TranscriptWindow) -> Callable[[str], int]:
         """The run's counter, for the texts a rendering adds (none for a host-defined one)."""

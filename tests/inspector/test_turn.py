@@ -108,6 +108,7 @@ def test_the_body_shown_is_the_one_assembled_in_either_form(context, driven) -> 
     page = signed_in(context, base, "acme")
     for iteration, answer in answers.items():
         turn_page(page, base, iteration)
+        assert not page.locator("#not-fed-again").count()  # assembling it again would feed it as it was
         if iteration < PROFILE_AT:  # fed under the profile before: its sections are not stored any more
             assert page.locator("#not-as-fed").is_visible()
             assert not page.locator("#request-body").count()
@@ -194,6 +195,9 @@ def test_reading_the_pages_writes_nothing(context, driven) -> None:
     for iteration in range(1, TURNS + 1):
         for form in FORMS:
             turn_page(page, base, iteration, form)
+        # The newest turn's log moved on: its page says so, and still shows what was fed.
+        assert page.locator("#not-fed-again").count() == (iteration == TURNS)
+        assert page.locator("#request-body").count() == (iteration >= PROFILE_AT)
     assert page.goto(f"{base}/runs/{RUN}/events").status == 200
     assert seen.ends == []
     assert windows() == before and all_events(stub, RUN) == events
