@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from html import escape
 from http import HTTPStatus
-from urllib.parse import quote, urlencode
+from urllib.parse import quote
 
 from sidecar.errors import ValidationError
-from sidecar.inspector.pages import message_page, page, when
+from sidecar.inspector.pages import message_page, page, pages_nav, when
 from sidecar.memory.api import RANKS, EntriesPage, ListRequest, Memories, MemoryList, RefOverview
 from sidecar.storage.codec import StoredMemory
 
@@ -91,20 +91,10 @@ def _refs_page(refs: list[RefOverview], total: int, page_number: int, last: int,
         f"<tr class=ref><td class=memory-ref><a href=\"{memory_path(r.memory_ref)}\">{escape(r.memory_ref)}</a></td>"
         f"<td class=\"number entries\">{r.entries}</td><td class=\"number tokens\">{r.tokens}</td>"
         f"<td class=\"number compactions\">{r.compactions}</td></tr>" for r in refs)
-    nav = _nav(memory_path(), {}, page_number, last, f"{total} refs")
+    nav = pages_nav(memory_path(), {}, page_number, last, f"{total} refs")
     return page("Memory", f"<p>Tokens in the memory's counter, {escape(counter)}; entries that expired are not "
                           f"counted.</p>{nav}<table id=refs><tr><th>Memory ref</th><th>Entries</th><th>Tokens</th>"
                           f"<th>Compactions</th></tr>{rows}</table>" + ("" if refs else "<p>No memory refs.</p>"))
-
-
-def _nav(path: str, kept: dict[str, str], page_number: int, last: int, where: str) -> str:
-    """Page N of M, and Previous and Next links that keep the ``kept`` parameters."""
-    def link(rel: str, to: int, text: str) -> str:
-        return f'<a rel={rel} href="{escape(path)}?{escape(urlencode({**kept, "page": to}))}">{text}</a>'
-
-    links = ([link("prev", page_number - 1, "Previous")] if page_number > 1 else []) + (
-        [link("next", page_number + 1, "Next")] if page_number < last else [])
-    return f"<p class=pages>Page {page_number} of {last} ({where}) {' '.join(links)}</p>"
 
 
 def _summary(shown: EntriesPage, counter: str) -> str:
@@ -158,7 +148,7 @@ def _entries(memory_ref: str, shown: EntriesPage, page_number: int, last: int, k
                    for entry in shown.entries)
     skip = (page_number - 1) * ENTRIES_PER_PAGE
     where = f"entries {skip + 1}-{skip + len(shown.entries)}, " if shown.entries else ""
-    nav = _nav(memory_path(memory_ref), kept, page_number, last,
+    nav = pages_nav(memory_path(memory_ref), kept, page_number, last,
                f"{where}{shown.total} in all, newest first")
     return f"<h2>Entries</h2>{nav}<table id=entries><tr>{ENTRY_HEADINGS}</tr>{rows}</table>{nav}"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime
 from html import escape
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 from sidecar.inspector.costs import REPORTED, InputCost, input_cost
 from sidecar.settings import InspectorSettings
@@ -57,16 +57,17 @@ def when(ms: int) -> str:
     return datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def runs_page(runs: list[RunOverview], query: str) -> str:
+def runs_page(runs: list[RunOverview], query: str, page_number: int, pages: int, total: int) -> str:
     rows = "".join(
         f"<tr class=run><td class=run-id><a href=\"{run_path(r.run_id)}\">{escape(r.run_id)}</a></td>"
         f"<td class=number>{r.turns}</td><td class=number>{r.tokens}</td><td class=number>{r.summaries}</td>"
         f"<td>{when(r.last_turn_ms)}</td></tr>" for r in runs)
     search = (f"<form method=get action=\"/\"><input name=q value=\"{escape(query)}\" "
               "placeholder=\"run id contains\"> <button>Search</button></form>")
-    return page("Runs", f"{search}<table id=runs><tr><th>Run</th><th>Turns</th><th>Tokens fed (newest turn)</th>"
+    nav = pages_nav("/", {"q": query} if query else {}, page_number, pages, f"{total} runs")
+    return page("Runs", f"{search}{nav}<table id=runs><tr><th>Run</th><th>Turns</th><th>Tokens fed (newest turn)</th>"
                         f"<th>Summaries</th><th>Last activity</th></tr>{rows}</table>"
-                        + ("" if runs else "<p>No runs.</p>"))
+                        + ("" if runs else "<p>No runs.</p>") + nav)
 
 
 BAR_WIDTH = 320  # px: the widest bar of a page; every bar of the page is on its scale
@@ -149,14 +150,20 @@ def _bar(turn: TurnOverview, scale: float) -> str:
             f'viewBox="-5 0 {BAR_WIDTH + 10} 37">{"".join(shapes)}</svg>')
 
 
+def pages_nav(path: str, kept: dict[str, str], page_number: int, last: int, where: str) -> str:
+    """A paginated view's "Page N of M" line, and Previous and Next links that keep the ``kept``
+    parameters (a search, a form's fields) beside ``page``."""
+    def link(rel: str, to: int, text: str) -> str:
+        return f'<a rel={rel} href="{escape(path)}?{escape(urlencode({**kept, "page": to}))}">{text}</a>'
+
+    links = ([link("prev", page_number - 1, "Previous")] if page_number > 1 else []) + (
+        [link("next", page_number + 1, "Next")] if page_number < last else [])
+    return f"<p class=pages>Page {page_number} of {last} ({where}) {' '.join(links)}</p>"
+
+
 def _pages_nav(run_id: str, page_number: int, pages: int, shown: list[TurnOverview], total: int) -> str:
     where = (f"turns {shown[0].iteration}-{shown[-1].iteration}, " if shown else "") + f"{total} in all"
-    links = []
-    if page_number > 1:
-        links.append(f'<a rel=prev href="{run_path(run_id)}?page={page_number - 1}">Previous</a>')
-    if page_number < pages:
-        links.append(f'<a rel=next href="{run_path(run_id)}?page={page_number + 1}">Next</a>')
-    return f"<p class=pages>Page {page_number} of {pages} ({where}) {' '.join(links)}</p>"
+    return pages_nav(run_path(run_id), {}, page_number, pages, where)
 
 
 def usd(amount: float) -> str:

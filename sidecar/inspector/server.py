@@ -28,6 +28,7 @@ from sidecar.transcript.transcripts import Transcripts
 
 log = logging.getLogger(__name__)
 COOKIE = "inspector_token"
+RUNS_PER_PAGE = 100  # the runs list's page: its runs alone are read whole
 
 
 class Inspector:
@@ -35,11 +36,12 @@ class Inspector:
     the timeline's page size and the prices its costs are modelled with."""
 
     def __init__(self, transcripts: Transcripts, memories: Memories, auth: AuthSettings,
-                 settings: InspectorSettings | None = None) -> None:
+                 settings: InspectorSettings | None = None, runs_per_page: int = RUNS_PER_PAGE) -> None:
         self._transcripts = transcripts
         self._memories = memories
         self._auth = auth
         self._settings = settings or InspectorSettings()
+        self._runs_per_page = runs_per_page
 
     def tenant(self, token: str | None) -> str | None:
         """The tenant a request's token names (without tenants configured: the default one)."""
@@ -51,9 +53,7 @@ class Inspector:
         parts = [unquote(part) for part in path.strip("/").split("/")] if path.strip("/") else []
         try:
             if not parts:
-                search = query.get("q", [""])[0]
-                runs = [run for run in self._transcripts.runs(tenant) if search in run.run_id]
-                return HTTPStatus.OK, pages.runs_page(runs, search)
+                return self._runs(tenant, query.get("q", [""])[0], query.get("page", ["1"])[0])
             if parts[0] == "memory" and len(parts) <= 2:
                 return memory_view.answer(self._memories, tenant, parts[1] if len(parts) == 2 else None, query)
             if len(parts) == 2 and parts[0] == "runs":
@@ -66,6 +66,18 @@ class Inspector:
             return HTTPStatus.NOT_FOUND, pages.message_page("Not found", error.message)
         return HTTPStatus.NOT_FOUND, pages.message_page("Not found", f"no page at {path}")
 
+
+    def _runs(self, tenant: str, search: str, asked: str) -> tuple[HTTPStatus, str]:
+        """A page of the tenant's runs whose id contains ``search`` (``?page=``, from 1; a page past
+        the last answers 404)."""
+        page_number = int(asked) if asked.isdigit() else 0
+        size = self._runs_per_page
+        runs, total = self._transcripts.runs(tenant, search, max(page_number - 1, 0) * size, size)
+        last = max(1, -(-total // size))  # no runs: one page, empty
+        if not 1 <= page_number <= last:
+            return HTTPStatus.NOT_FOUND, pages.message_page(
+                "Not found", f"{last} page(s) of runs, not {asked!r}")
+        return HTTPStatus.OK, pages.runs_page(runs, search, page_number, last, total)
 
     def _run(self, tenant: str, run_id: str, asked: str) -> tuple[HTTPStatus, str]:
         """A page of the run's timeline (``?page=``, from 1): a page past the last answers 404."""

@@ -165,10 +165,10 @@ def put_run_record(txn: Txn, db: dict, key: bytes, data: bytes) -> None:
     txn.put(key, data, db=db["runs"])
 
 
-def run_records_of(txn: Txn, db: dict, tenant: str) -> Iterator[tuple[bytes, bytes]]:
-    """Each run of ``tenant``, in key order (its id's bytes): (its key, its record)."""
+def run_keys_of(txn: Txn, db: dict, tenant: str) -> Iterator[bytes]:
+    """The key of each run of ``tenant``, in key order (its id's bytes); no record read."""
     prefix = scope(tenant)
-    return ((prefix + suffix, value) for suffix, value in records_under(txn, db["runs"], prefix))
+    return (prefix + suffix for suffix in keys_under(txn, db["runs"], prefix))
 
 
 # -- the log: entries, ids, counts -------------------------------------------------------------

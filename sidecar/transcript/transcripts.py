@@ -64,7 +64,7 @@ from sidecar.transcript.schema import (
     read_ids,
     run_id_of,
     run_key,
-    run_records_of,
+    run_keys_of,
     window_at,
     window_count,
     windows_from,
@@ -401,17 +401,20 @@ class Transcripts:
         before = recorded.previous_iteration
         return recorded, Turn(services, key, run_id, before, None, render).as_recorded() if before else None
 
-    def runs(self, tenant: str) -> list[RunOverview]:
-        """Every run of ``tenant``, in id order, with its newest fed window's size."""
-        overviews = []
+    def runs(self, tenant: str, search: str = "", skip: int = 0,
+             limit: int = 100) -> tuple[list[RunOverview], int]:
+        """Up to ``limit`` of the runs of ``tenant`` whose id contains ``search``, in id order,
+        after the first ``skip``, each with its newest fed window's size; and how many match. The
+        runs are matched by their keys alone: only the page's are read."""
         with self._store.read() as txn:
-            for key, record in run_records_of(txn, self._db, tenant):
-                run = Run.parse(record)
-                turns = window_count(txn, self._db, key)
+            matching = [key for key in run_keys_of(txn, self._db, tenant) if search in run_id_of(key)]
+            overviews = []
+            for key in matching[skip:skip + limit]:
+                run = require_run(txn, self._db, key, run_id_of(key))
                 newest = window_at(txn, self._db, key, run.last_assembled) if run.last_assembled else None
-                overviews.append(RunOverview(run_id_of(key), turns, newest.fed_tokens if newest else 0,
-                                             run.last_turn_ms, run.summaries))
-        return overviews
+                overviews.append(RunOverview(run_id_of(key), window_count(txn, self._db, key),
+                                             newest.fed_tokens if newest else 0, run.last_turn_ms, run.summaries))
+        return overviews, len(matching)
 
     def turns(self, tenant: str, run_id: str, skip: int = 0, limit: int = 100) -> tuple[list[TurnOverview], int]:
         """Up to ``limit`` of the windows fed in the run, by iteration, after its first ``skip``,

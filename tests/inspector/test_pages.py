@@ -251,6 +251,52 @@ def test_the_timeline_is_paginated(local_only, inspected) -> None:
     assert blocked == []
 
 
+def test_the_runs_list_is_paginated_and_keeps_its_search(start_server, browser: Browser) -> None:
+    """Runs by id, three a page: walking the Next links shows every run once, in id order, the
+    same runs as the RPCs opened; a search keeps to the runs whose id contains it, across pages;
+    a page past the last answers 404. Each row's turns are the run's assembled iterations."""
+    running = start_server(token_counter="o200k_base", transcript_token_budget=4000)
+    opened = [f"run-{index:02d}" for index in (7, 3, 11, 0, 5, 9, 1)] + ["other-a", "other-b"]
+    for run_id in opened:
+        running.stub.OpenRun(pb.OpenRunRequest(run_id=run_id))
+    assembled = {"run-03": 2, "other-b": 1}
+    for run_id, turns in assembled.items():
+        for iteration in range(1, turns + 1):
+            running.stub.AssembleContext(pb.AssembleContextRequest(run_id=run_id, iteration=iteration,
+                                                                   append_events=[ev(f"u{iteration}")]))
+    inspector = Inspector(running.services.transcripts, running.services.memories, AuthSettings(()), runs_per_page=3)
+    server = InspectorServer(inspector, "127.0.0.1:0").start()
+    context = browser.new_context()
+
+    def walked(path: str) -> list[list[tuple[str, int]]]:
+        shown = []
+        answer = page.goto(server.url + path)
+        assert answer is not None and answer.status == 200
+        while True:
+            shown.append([(row.locator("td.run-id").inner_text(), int(row.locator("td:nth-child(2)").inner_text()))
+                          for row in page.locator("#runs tr.run").all()])
+            following = page.locator("p.pages a[rel=next]")
+            if following.count() == 0:
+                return shown
+            following.first.click()
+
+    try:
+        page = context.new_page()
+        every = [(run_id, assembled.get(run_id, 0)) for run_id in sorted(opened)]
+        assert walked("/") == [every[0:3], every[3:6], every[6:9]]
+        matching = [run for run in every if "run-0" in run[0]]
+        assert walked("/?q=run-0") == [matching[0:3], matching[3:6]]
+        assert "q=run-0" in page.url and page.input_value("input[name=q]") == "run-0"
+        for wrong in ("/?page=4", "/?q=run-0&page=3", "/?page=0"):
+            answer = page.goto(server.url + wrong)
+            assert answer is not None and answer.status == 404, wrong
+        answer = page.goto(server.url + "/?q=nothing-matches")
+        assert answer is not None and answer.status == 200 and page.locator("#runs tr.run").count() == 0
+    finally:
+        context.close()
+        server.stop()
+
+
 def test_another_tenants_run_is_not_listed_and_answers_404(local_only, inspected) -> None:
     context, blocked = local_only
     base, _, _ = inspected
