@@ -22,7 +22,7 @@ from tests.helpers import CHROMIUM
 
 SERVING = "context-sidecar serving on "
 INSPECTING = "context-sidecar inspector on "
-VIEWPORT = {"width": 1400, "height": 900}
+VIEWPORT = {"width": 1600, "height": 900}
 
 
 @contextmanager
@@ -63,9 +63,15 @@ def main() -> None:
                 page.goto(base + "/")
                 run = page.locator("#runs td.run-id a").first.get_attribute("href")
                 views["inspector-run.png"] = f"{run}?page=2"
-                views["inspector-turn.png"] = f"{run}/turns/{args.turns // 2}"
+                # The turn shown: the first on that page whose request broke the provider's cache.
+                page.goto(base + views["inspector-run.png"])
+                broke = page.locator("#turns tr.turn", has=page.locator("td.break-reason:not(:empty)")).first
+                turn = f"{run}/turns/{broke.get_attribute('data-iteration')}?render=anthropic_messages"
+                views["inspector-turn.png"] = turn
+                views["inspector-request.png"] = turn + "#first-difference"
                 for name, path in views.items():
-                    assert page.goto(base + path).status == 200, path
+                    answer = page.goto(base + path)  # None: the same page, scrolled to an anchor
+                    assert answer is None or answer.status == 200, path
                     page.screenshot(path=str(args.out / name))
                     print(args.out / name)
                 browser.close()
