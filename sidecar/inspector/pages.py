@@ -9,7 +9,7 @@ from urllib.parse import quote, urlencode
 from sidecar.inspector.costs import REPORTED, InputCost, input_cost
 from sidecar.settings import InspectorSettings
 from sidecar.text.fencing import is_fenced
-from sidecar.transcript.transcripts import RunOverview, TurnOverview
+from sidecar.transcript.transcripts import RunOverview, RunSettings, TurnOverview
 from sidecar.transcript.window import TranscriptWindow
 
 STYLE = """
@@ -57,16 +57,27 @@ def when(ms: int) -> str:
     return datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def policy(settings: RunSettings) -> str:
+    """A run's window policy as it was opened: the policy, the budget in its counter, summaries."""
+    told = [settings.window_policy, f"{settings.transcript_token_budget} tokens ({settings.token_counter})"]
+    if settings.transcript_window:
+        told.append(f"at most {settings.transcript_window} entries")
+    if settings.summarization:
+        told.append(f"summaries: {settings.summarization_strategy}, keeping {settings.keep_last_turns} turns"
+                    + (f" and {settings.keep_last_tokens} tokens" if settings.keep_last_tokens else ""))
+    return ", ".join(told)
+
+
 def runs_page(runs: list[RunOverview], query: str, page_number: int, pages: int, total: int) -> str:
     rows = "".join(
         f"<tr class=run><td class=run-id><a href=\"{run_path(r.run_id)}\">{escape(r.run_id)}</a></td>"
         f"<td class=number>{r.turns}</td><td class=number>{r.tokens}</td><td class=number>{r.summaries}</td>"
-        f"<td>{when(r.last_turn_ms)}</td></tr>" for r in runs)
+        f"<td>{when(r.last_turn_ms)}</td><td class=policy>{escape(policy(r.settings))}</td></tr>" for r in runs)
     search = (f"<form method=get action=\"/\"><input name=q value=\"{escape(query)}\" "
               "placeholder=\"run id contains\"> <button>Search</button></form>")
     nav = pages_nav("/", {"q": query} if query else {}, page_number, pages, f"{total} runs")
     return page("Runs", f"{search}{nav}<table id=runs><tr><th>Run</th><th>Turns</th><th>Tokens fed (newest turn)</th>"
-                        f"<th>Summaries</th><th>Last activity</th></tr>{rows}</table>"
+                        f"<th>Summaries</th><th>Last activity</th><th>Policy</th></tr>{rows}</table>"
                         + ("" if runs else "<p>No runs.</p>") + nav)
 
 

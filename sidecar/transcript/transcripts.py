@@ -92,6 +92,7 @@ class RunOverview:
     tokens: int  # everything fed on the newest of them
     last_turn_ms: int  # when the newest was first assembled (ms since the epoch; 0: never)
     summaries: int  # summaries recorded in the run
+    settings: RunSettings  # its window policy and budget, as it was opened (a run keeps them)
 
 
 @dataclass(frozen=True, slots=True)
@@ -413,7 +414,8 @@ class Transcripts:
                 run = require_run(txn, self._db, key, run_id_of(key))
                 newest = window_at(txn, self._db, key, run.last_assembled) if run.last_assembled else None
                 overviews.append(RunOverview(run_id_of(key), window_count(txn, self._db, key),
-                                             newest.fed_tokens if newest else 0, run.last_turn_ms, run.summaries))
+                                             newest.fed_tokens if newest else 0, run.last_turn_ms, run.summaries,
+                                             run.settings))
         return overviews, len(matching)
 
     def turns(self, tenant: str, run_id: str, skip: int = 0, limit: int = 100) -> tuple[list[TurnOverview], int]:

@@ -254,11 +254,20 @@ def test_the_timeline_is_paginated(local_only, inspected) -> None:
 def test_the_runs_list_is_paginated_and_keeps_its_search(start_server, browser: Browser) -> None:
     """Runs by id, three a page: walking the Next links shows every run once, in id order, the
     same runs as the RPCs opened; a search keeps to the runs whose id contains it, across pages;
-    a page past the last answers 404. Each row's turns are the run's assembled iterations."""
-    running = start_server(token_counter="o200k_base", transcript_token_budget=4000)
+    a page past the last answers 404. Each row's turns are the run's assembled iterations, its
+    policy the one the run was opened with (OpenRun's answer, the sidecar's window policy)."""
+    running = start_server(token_counter="o200k_base", transcript_token_budget=4000, window_policy="max_fill")
     opened = [f"run-{index:02d}" for index in (7, 3, 11, 0, 5, 9, 1)] + ["other-a", "other-b"]
+    policies = {}  # each run's policy cell, from what OpenRun answered it was opened with
     for run_id in opened:
-        running.stub.OpenRun(pb.OpenRunRequest(run_id=run_id))
+        summarised = run_id == "other-a"
+        settings = running.stub.OpenRun(pb.OpenRunRequest(
+            run_id=run_id, **({"summarization_supported": True, "keep_last_turns": 2,
+                               "transcript_token_budget": 3000} if summarised else {}))).settings
+        policies[run_id] = f"max_fill, {settings.transcript_token_budget} tokens ({settings.token_counter})" + (
+            f", summaries: {settings.summarization_strategy}, keeping {settings.keep_last_turns} turns"
+            if settings.summarization_supported else "")
+    assert policies["other-a"] == "max_fill, 3000 tokens (o200k_base), summaries: sliding-window, keeping 2 turns"
     assembled = {"run-03": 2, "other-b": 1}
     for run_id, turns in assembled.items():
         for iteration in range(1, turns + 1):
@@ -273,8 +282,8 @@ def test_the_runs_list_is_paginated_and_keeps_its_search(start_server, browser: 
         answer = page.goto(server.url + path)
         assert answer is not None and answer.status == 200
         while True:
-            shown.append([(row.locator("td.run-id").inner_text(), int(row.locator("td:nth-child(2)").inner_text()))
-                          for row in page.locator("#runs tr.run").all()])
+            shown.append([(row.locator("td.run-id").inner_text(), int(row.locator("td:nth-child(2)").inner_text()),
+                           row.locator("td.policy").inner_text()) for row in page.locator("#runs tr.run").all()])
             following = page.locator("p.pages a[rel=next]")
             if following.count() == 0:
                 return shown
@@ -282,7 +291,7 @@ def test_the_runs_list_is_paginated_and_keeps_its_search(start_server, browser: 
 
     try:
         page = context.new_page()
-        every = [(run_id, assembled.get(run_id, 0)) for run_id in sorted(opened)]
+        every = [(run_id, assembled.get(run_id, 0), policies[run_id]) for run_id in sorted(opened)]
         assert walked("/") == [every[0:3], every[3:6], every[6:9]]
         matching = [run for run in every if "run-0" in run[0]]
         assert walked("/?q=run-0") == [matching[0:3], matching[3:6]]
