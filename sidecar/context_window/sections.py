@@ -119,6 +119,11 @@ class Layout:
     openai: OpenAIStatic
     anthropic: AnthropicStatic
 
+    @property
+    def static_tokens(self) -> int:
+        """Of fixed_tokens: the static sections' and the tools' (the cached prefix's texts)."""
+        return sum(s.tokens for s in self.sections if s.stability == STATIC) + self.profile.tools_tokens
+
 
 def layout(policy: Policy, profile: PreparedProfile, task: PreparedTask, run_id: str, model_window_tokens: int,
            turn_budget_tokens: int) -> Layout:

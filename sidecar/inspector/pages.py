@@ -19,11 +19,12 @@ th { background: #f3f3f3; text-align: left; } td.number { text-align: right; }
 td.text { white-space: pre-wrap; font-family: ui-monospace, monospace; max-width: 60em; }
 tr.untrusted td.text { background: #fff4e0; } .tag { font-size: 12px; padding: 0 .3em; border-radius: 3px; }
 .untrusted-tag { background: #f0a030; color: #000; } .form-tag { background: #ddd; }
-td.timeline { padding: 0 .25em; } .sections { fill: #8a9bb0; } .verbatim { fill: #3f7fd0; }
+td.timeline { padding: 0 .25em; } .static { fill: #5a6b80; } .sections { fill: #8a9bb0; } .verbatim { fill: #3f7fd0; }
 .clipped { fill: #f0a030; } .cleared { fill: #b0b0b0; }
 .budget { fill: none; stroke: #222; stroke-dasharray: 3 2; } .predicted { fill: #4caf50; } .reported { fill: #1b5e20; }
 .cache-break path, .cache-key { fill: #d32f2f; color: #d32f2f; }
 .key { display: inline-block; width: 1em; height: .7em; } span.sections { background: #8a9bb0; }
+span.static { background: #5a6b80; }
 span.verbatim { background: #3f7fd0; } span.clipped { background: #f0a030; }
 span.cleared { background: #b0b0b0; } span.budget { border: 1px dashed #222; }
 span.predicted { background: #4caf50; } span.reported { background: #1b5e20; }
@@ -83,7 +84,10 @@ def runs_page(runs: list[RunOverview], query: str, page_number: int, pages: int,
 
 BAR_WIDTH = 320  # px: the widest bar of a page; every bar of the page is on its scale
 # Each part of a turn's bar: its CSS class, its legend, the tokens it stands for.
-BAR_PARTS = (("sections", "sections and tools", lambda t: t.fed_tokens - t.transcript_tokens),
+BAR_PARTS = (("static", "static sections and tools", lambda t: t.static_tokens or 0),
+             ("sections", "per-task and per-turn sections (with the static ones and the tools where the window's "
+              "record does not keep those apart)",
+              lambda t: t.fed_tokens - t.transcript_tokens - (t.static_tokens or 0)),
              ("summaries", "summaries", lambda t: t.summary_tokens),
              ("verbatim", "transcript as stored",
               lambda t: t.transcript_tokens - t.summary_tokens - t.clipped_tokens - t.cleared_tokens),
@@ -203,7 +207,8 @@ def run_page(run_id: str, turns: list[TurnOverview], total: int, page_number: in
         f"<tr class=turn data-iteration={t.iteration}><td><a href=\"{turn_path(run_id, t.iteration)}\">"
         f"{t.iteration}</a></td><td class=timeline>{_bar(t, scale)}</td>"
         + "".join(f"<td class=\"number {css}\">{'' if value is None else value}</td>" for css, value in (
-            ("sections", t.fed_tokens - t.transcript_tokens), ("transcript", t.transcript_tokens),
+            ("sections", t.fed_tokens - t.transcript_tokens), ("static", t.static_tokens),
+            ("transcript", t.transcript_tokens),
             ("summary-tokens", t.summary_tokens), ("clipped", t.clipped_tokens), ("cleared", t.cleared_tokens),
             ("budget", t.budget), ("fed", t.fed_tokens), ("summaries", t.summaries),
             ("predicted", t.predicted_cached_tokens), ("reported", t.reported_cached_tokens)))
@@ -211,7 +216,8 @@ def run_page(run_id: str, turns: list[TurnOverview], total: int, page_number: in
         + "".join(f'<span class=change data-kind="{kind}" title="{escape(title)}">{escape(short)}</span>'
                   for kind, short, title in changes(t))
         + f"</td>{_cost_cells(cost, prices)}</tr>" for t, cost in zip(turns, costs))
-    legend = ("<p class=legend><span class=\"key sections\"></span> sections and tools "
+    legend = ("<p class=legend><span class=\"key static\"></span> static sections and tools "
+              "<span class=\"key sections\"></span> per-task and per-turn sections "
               "<span class=\"key summaries\"></span> summaries <span class=\"key verbatim\"></span> transcript "
               "<span class=\"key clipped\"></span> clipped <span class=\"key cleared\"></span> cleared "
               "<span class=\"key budget\"></span> transcript budget; under the bar: "
@@ -229,7 +235,8 @@ def run_page(run_id: str, turns: list[TurnOverview], total: int, page_number: in
             f"([inspector] settings).</p>")
     nav = _pages_nav(run_id, page_number, pages, turns, total)
     return page(f"Run {run_id}", f"{nav}{legend}{cost}<table id=turns><tr><th>Iteration</th><th>Timeline</th>"
-                                 "<th>Sections and tools</th><th>Transcript tokens</th><th>Of which summaries</th>"
+                                 "<th>Sections and tools</th><th>Of which static</th><th>Transcript tokens</th>"
+                                 "<th>Of which summaries</th>"
                                  "<th>Of which clipped</th><th>Of which cleared</th>"
                                  "<th>Transcript budget</th><th>Tokens fed</th><th>Summaries fed</th>"
                                  "<th>Cached, predicted</th><th>Cached, reported</th><th>Cache broke</th>"

@@ -131,6 +131,9 @@ class TurnOverview:
     rendering: str = ""  # the form the cache report counted the request in ("": the plain window)
     usage: Usage | None = None  # RecordUsage's figures for the iteration (None: not called)
     changes: WindowChanges = WindowChanges()
+    # Of the sections and tools (fed_tokens - transcript_tokens): the static sections' and the
+    # tools' (None: a window persisted before its record kept them apart).
+    static_tokens: int | None = None
 
 
 R = TypeVar("R")  # what a writing call's caller makes of its result (``respond``)
@@ -446,7 +449,8 @@ class Transcripts:
                     report.break_reason if report else "", usage.reported_cached_tokens if usage else None,
                     fed_summary_tokens(txn, db, key, [index for index, _ in record.summaries]),
                     (record.cache or {}).get("form", ""), usage,
-                    _changes(txn, db, key, before, record, forms) if before else WindowChanges()))
+                    _changes(txn, db, key, before, record, forms) if before else WindowChanges(),
+                    (record.context or {}).get("static_tokens")))
                 before = record, forms
             return turns, window_count(txn, db, key)
 

@@ -332,8 +332,8 @@ class Turn:
         fed_before = run.fed_prefix
         run.fed_prefix = dict(layout.parts)
         context = {"digests": [run.profile_digest, run.task_digest], "prefix": layout.prefix_sha256,
-                   "changed": list(changed), "fixed_tokens": layout.fixed_tokens, "limit": layout.turn_limit,
-                   "task_id": layout.task_id}
+                   "changed": list(changed), "fixed_tokens": layout.fixed_tokens,
+                   "static_tokens": layout.static_tokens, "limit": layout.turn_limit, "task_id": layout.task_id}
         if cold:
             context["cold"] = True  # the decision, kept: re-assembled and forked, the window is the same
         record = window_record(self._deps, txn, self.key, run, chosen, top, due, context)

@@ -182,17 +182,23 @@ def test_the_timelines_bars_are_the_windows_token_counts(local_only, inspected) 
                 transcript = sum(len(encoding.encode(e.rendered)) for e in window.entries)
                 clipped = sum(len(encoding.encode(e.rendered)) for e in window.entries
                               if e.rendered != stored[e.event_id])
-                fed = answers[run_id][iteration - 1].window_tokens
+                answer = answers[run_id][iteration - 1]
+                fed = answer.window_tokens
+                # The static sections' texts recounted, and the tools as the answer counts them.
+                static = answer.tools_tokens + sum(len(encoding.encode(section.text)) for section in answer.sections
+                                                   if section.stability == "static")
                 # No result is old enough to be cleared in these short runs: every entry fed in
                 # another form than stored is clipped (test_cleared_placeholders_... covers clearing).
-                expected = {"sections": fed - transcript, "verbatim": transcript - clipped, "clipped": clipped,
-                            "cleared": 0}
+                expected = {"static": static, "sections": fed - transcript - static,
+                            "verbatim": transcript - clipped, "clipped": clipped, "cleared": 0}
                 parts = {name: int(row.locator(f"rect.part.{name}").get_attribute("data-tokens") or -1)
                          for name in expected}
                 assert parts == expected
                 # The table beside the bar says the same, and the bar is drawn to its numbers.
-                assert [int(row.locator(f"td.{name}").inner_text()) for name in ("sections", "transcript", "clipped")] \
-                    == [fed - transcript, transcript, clipped]
+                cells = ("sections", "static", "transcript", "clipped")
+                assert [int(row.locator(f"td.{name}").inner_text()) for name in cells] == \
+                    [fed - transcript, static, transcript, clipped]
+                assert static > 0 and fed - transcript - static > 0  # open_full: static and per-task sections
                 budget = row.locator("rect.budget")
                 scale = float(budget.get_attribute("width") or 0) / window.token_budget
                 for name, tokens in expected.items():
