@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
+import logging
+import os
 import re
 import shutil
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from sidecar.settings import (
     CONFIG_ENV,
@@ -89,7 +91,9 @@ def _add_setting_flags(command: argparse.ArgumentParser) -> None:
     for section, option in option_fields():
         kind = bool if isinstance(option.default, bool) else None
         help_text = f"{option.metadata['help']} ([{section}] {option.name}, ${env_name(section, option.name)})"
-        command.add_argument(flag_name(section, option), dest=f"{section}.{option.name}", default=None,
+        former = option.metadata["former_name"]  # still accepted
+        command.add_argument(flag_name(section, option), *([f"--{former.replace('_', '-')}"] if former else []),
+                             dest=f"{section}.{option.name}", default=None,
                              help=help_text + f"; default: {option.default!r}",
                              **({"action": argparse.BooleanOptionalAction} if kind is bool else {"metavar": "VALUE"}))
 
@@ -189,13 +193,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "inspect":
             return inspect(settings)
-        return serve(settings, beside=inspector_beside(settings) if settings.inspector.listen else None)
+        exit_at_once(serve(settings, beside=inspector_beside(settings) if settings.inspector.listen else None))
     except ConfigError as error:  # found once the domain opens: a plugin or a state schema
         print(f"context-sidecar: configuration error: {error}", file=sys.stderr)
         return 2
     except (EncodingIntegrityError, OSError, StoreError) as error:
         print(f"context-sidecar: cannot start: {error}", file=sys.stderr)
         return 3
+
+
+def exit_at_once(code: int) -> NoReturn:
+    """Leave as soon as serve has stopped (its log's last line said so): a call still running
+    past the drain has been cancelled, but its thread cannot be interrupted, and the interpreter's
+    exit would join it (concurrent.futures joins its workers), holding the process for as long
+    as the call runs."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _inspector_server(settings: Settings, services: Services, listen: str) -> InspectorServer:

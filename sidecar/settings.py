@@ -37,9 +37,13 @@ class ConfigError(Exception):
 
 
 def _option(default: Any, help: str, *, flag: str | None = None, minimum: float | None = None,
-            maximum: float | None = None, choices: tuple[str, ...] | None = None, size: bool = False) -> Any:
+            maximum: float | None = None, choices: tuple[str, ...] | None = None, size: bool = False,
+            former_name: str | None = None) -> Any:
+    """``former_name``: the key the setting had before, still read as this one in the file, the
+    environment and the flags, so that configurations written for it keep working."""
     return field(default=default, metadata={
-        "help": help, "flag": flag, "minimum": minimum, "maximum": maximum, "choices": choices, "size": size})
+        "help": help, "flag": flag, "minimum": minimum, "maximum": maximum, "choices": choices, "size": size,
+        "former_name": former_name})
 
 
 @dataclass(frozen=True)
@@ -49,8 +53,9 @@ class ServerSettings:
         "where to listen: host:port (loopback unless allow_non_loopback) or unix:///absolute/path")
     allow_non_loopback: bool = _option(
         False, "allow listening on a non-loopback TCP address (the sidecar has no TLS of its own)")
-    grace_seconds: float = _option(
-        10.0, "on SIGTERM, how long in-flight calls may take to finish before the server stops")
+    drain_seconds: float = _option(
+        10.0, "on SIGTERM, how long in-flight calls may take to finish; then they are cancelled and the "
+        "process exits", former_name="grace_seconds")
     max_workers: int = _option(8, "threads serving calls (open WatchEvents streams hold at most half)", minimum=1)
     max_message_bytes: int = _option(
         64 * 1024 * 1024, "largest request or response message", minimum=1024, size=True)
@@ -428,6 +433,8 @@ def load_settings_and_sources(config_path: str | None = None, env: Mapping[str, 
     known = {section: {f.name: f for f in dataclasses.fields(cls)} for section, cls in SECTIONS.items()}
     sources = {(section, key): "default" for section in known for key in known[section]}
     sources[("auth", "tenants")] = "default"
+    renamed = {section: {f.metadata["former_name"]: key for key, f in fields.items() if f.metadata["former_name"]}
+               for section, fields in known.items()}
 
     config_path = config_path or env.get(CONFIG_ENV) or None
     tenants: tuple[TenantCredential, ...] = ()
@@ -453,12 +460,15 @@ def load_settings_and_sources(config_path: str | None = None, env: Mapping[str, 
                 if isinstance(value, dict) and f"{section}.{key}" in known:
                     tables.append((f"{section}.{key}", value))
                     continue
+                key = renamed[section].get(key, key)
                 if key not in known[section]:
                     raise ConfigError(f"config file {config_path}: unknown key [{section}] {key}")
                 values[section][key] = _coerce(section, known[section][key], value, config_path)
                 sources[(section, key)] = f"file {config_path}"
 
     env_keys = {env_name(section, key): (section, key) for section in known for key in known[section]}
+    env_keys |= {env_name(section, former): (section, key) for section in known
+                 for former, key in renamed[section].items()}
     for name, value in env.items():
         if not name.startswith(ENV_PREFIX) or name == CONFIG_ENV:
             continue

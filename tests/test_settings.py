@@ -57,6 +57,16 @@ def test_nested_sections_from_file_environment_and_flags(tmp_path: Path) -> None
         load_settings(write(tmp_path, "[memory.compaction]\noften = 1\n"), env={})
 
 
+def test_drain_seconds_is_still_read_under_its_former_name(tmp_path: Path) -> None:
+    """[server] grace_seconds became drain_seconds: a file or environment written for the old
+    name keeps its value (the flag --grace-seconds: tests/test_process.py's first SIGTERM test)."""
+    assert load_settings(write(tmp_path, "[server]\ngrace_seconds = 3.5\n"), env={}).server.drain_seconds == 3.5
+    assert load_settings(env={"CONTEXT_SIDECAR_SERVER_GRACE_SECONDS": "4"}).server.drain_seconds == 4.0
+    assert load_settings(write(tmp_path, "[server]\ndrain_seconds = 2\n"), env={}).server.drain_seconds == 2.0
+    with pytest.raises(ConfigError, match="\\[server\\] drain_seconds \\(from .*sidecar.toml\\): must be at least"):
+        load_settings(write(tmp_path, "[server]\ngrace_seconds = -1\n"), env={})
+
+
 def test_config_path_from_the_environment(tmp_path: Path) -> None:
     config = write(tmp_path, "[context]\ntranscript_window = 50\n")
     assert load_settings(env={"CONTEXT_SIDECAR_CONFIG": config}).context.transcript_window == 50

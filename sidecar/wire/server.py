@@ -53,6 +53,7 @@ from sidecar.wire.freshness import freshening
 from sidecar.wire.servicer import ContextSidecarServicer, add_servicer_to_server
 
 log = logging.getLogger(__name__)
+SIGNAL_POLL_SECONDS = 0.2  # at most this long between SIGTERM and the start of the drain
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ContextSidecar"].full_name
 REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
 # The API's FileDescriptorSet and google/rpc's (so a reflection client decodes error details),
@@ -125,7 +126,7 @@ def caches_of(settings: Settings) -> Caches:
 
 class InFlightCalls:
     """Counts the sidecar's calls being served, so a shutdown can wait for exactly those (and not
-    for long-lived health Watch streams, which would hold every stop for the full grace period).
+    for long-lived health Watch streams, which would hold every stop for the full drain).
     A WatchEvents stream counts until its last message: a stop closes the watches first, so they
     end with OK rather than being cut off."""
 
@@ -351,8 +352,9 @@ Beside = Callable[[Services], tuple[str, Callable[[], None]]]
 
 
 def serve(settings: Settings, ready: threading.Event | None = None, beside: Beside | None = None) -> int:
-    """Run until SIGTERM or SIGINT: NOT_SERVING first, then in-flight calls get the grace period.
-    ``beside``: served too, from before the gRPC server starts until after it drained."""
+    """Run until SIGTERM or SIGINT: NOT_SERVING first, then in-flight calls get ``[server]
+    drain_seconds``, and those still running are cancelled. ``beside``: served too, from before the
+    gRPC server starts until after it drained. The caller exits at once after (cli.exit_at_once)."""
     tracing = Tracing.start(settings.tracing)  # enabled without the otel extra: a ConfigError, before anything opens
     services = Services.open(settings)
     in_flight = InFlightCalls()
@@ -386,18 +388,22 @@ def serve(settings: Settings, ready: threading.Event | None = None, beside: Besi
         print(companion[0], flush=True)
     if ready is not None:
         ready.set()
-    stopping.wait()
+    # Waits with a timeout, woken by the clock: a signal that the kernel hands to another thread
+    # (gRPC's, an executor's) only marks Python's handler pending, and an untimed wait in this
+    # thread then never returns to run it (a SIGTERM was missed so, now and then).
+    while not stopping.wait(SIGNAL_POLL_SECONDS):
+        pass
     if job:
         job.stop()  # a round in progress finishes: each compaction is one transaction
     if shared_health:
         shared_health.stop()  # before the drain: it must not turn health SERVING again
     health_servicer.enter_graceful_shutdown()
-    grace = settings.server.grace_seconds
-    stopped = server.stop(grace)  # refuses new calls from now on
+    drain = settings.server.drain_seconds
+    stopped = server.stop(drain)  # refuses new calls from now on
     services.events.close_watches()  # each WatchEvents stream ends with OK: the host re-watches elsewhere
-    if not in_flight.wait_idle(grace):
-        log.warning("calls still running after the %.1f s grace period are cancelled", grace)
-    server.stop(0)  # ends what is left: health Watch streams, or calls past the grace period
+    if not in_flight.wait_idle(drain):
+        log.warning("calls still running after the %.1f s drain are cancelled", drain)
+    server.stop(0)  # ends what is left: health Watch streams, or calls past the drain
     stopped.wait()
     if companion:
         companion[1]()  # after the drain, before the store closes: a page being served reads it
