@@ -8,13 +8,14 @@ command-line flags. Every error names the key and where its value came from.
 from __future__ import annotations
 
 import dataclasses
+import grp
 import hashlib
 import ipaddress
 import os
 import re
 import tomllib
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,12 +39,40 @@ class ConfigError(Exception):
 
 def _option(default: Any, help: str, *, flag: str | None = None, minimum: float | None = None,
             maximum: float | None = None, choices: tuple[str, ...] | None = None, size: bool = False,
-            former_name: str | None = None) -> Any:
+            former_name: str | None = None, check: Callable[[str], str] | None = None) -> Any:
     """``former_name``: the key the setting had before, still read as this one in the file, the
-    environment and the flags, so that configurations written for it keep working."""
+    environment and the flags, so that configurations written for it keep working. ``check``: a
+    string setting's own test, answering what is wrong with a value ("" when nothing is)."""
     return field(default=default, metadata={
         "help": help, "flag": flag, "minimum": minimum, "maximum": maximum, "choices": choices, "size": size,
-        "former_name": former_name})
+        "former_name": former_name, "check": check})
+
+
+def unix_socket_mode(value: str) -> int | None:
+    """``[server] unix_socket_mode`` as a mode ("0660": 0o660); None when unset."""
+    return int(value, 8) if value else None
+
+
+def unix_socket_gid(value: str) -> int | None:
+    """``[server] unix_socket_group`` as a group id (a name looked up, digits taken as the id);
+    None when unset. KeyError: no such group here."""
+    if not value:
+        return None
+    return int(value) if value.isdigit() else grp.getgrnam(value).gr_gid
+
+
+def _mode_problem(value: str) -> str:
+    if not value or re.fullmatch(r"[0-7]{3,4}", value):
+        return ""
+    return f"expected an octal mode such as \"0660\", got {value!r}"
+
+
+def _group_problem(value: str) -> str:
+    try:
+        unix_socket_gid(value)
+    except KeyError:
+        return f"no group named {value!r} on this machine (a group name or a numeric id)"
+    return ""
 
 
 @dataclass(frozen=True)
@@ -56,6 +85,12 @@ class ServerSettings:
     drain_seconds: float = _option(
         10.0, "on SIGTERM, how long in-flight calls may take to finish; then they are cancelled and the "
         "process exits", former_name="grace_seconds")
+    unix_socket_mode: str = _option(
+        "", "the permissions of a unix:// listen socket, in octal (\"0660\"); empty: as the umask leaves them",
+        check=_mode_problem)
+    unix_socket_group: str = _option(
+        "", "the group of a unix:// listen socket, a name or a numeric id; empty: the process's own",
+        check=_group_problem)
     max_workers: int = _option(8, "threads serving calls (open WatchEvents streams hold at most half)", minimum=1)
     max_message_bytes: int = _option(
         64 * 1024 * 1024, "largest request or response message", minimum=1024, size=True)
@@ -409,6 +444,9 @@ def _coerce(section: str, option: dataclasses.Field, value: Any, source: str) ->
         raise ConfigError(f"{where}: expected a string, got {value!r}")
     if meta["choices"] and value not in meta["choices"]:
         raise ConfigError(f"{where}: must be one of {', '.join(meta['choices'])}; got {value!r}")
+    problem = meta["check"](value) if meta["check"] else ""
+    if problem:
+        raise ConfigError(f"{where}: {problem}")
     return value
 
 
@@ -519,6 +557,9 @@ def is_loopback(host: str) -> bool:
 
 def _check_listen(server: ServerSettings, tenants_configured: bool) -> None:
     listen = server.listen
+    for key in ("unix_socket_mode", "unix_socket_group"):
+        if getattr(server, key) and not listen.startswith("unix:"):
+            raise ConfigError(f"[server] {key}: applies to a unix:// listen only, not {listen!r}")
     if listen.startswith("unix:"):
         if not listen[len("unix:"):].lstrip("/"):
             raise ConfigError(f"[server] listen: {listen!r} names no socket path")
@@ -551,12 +592,17 @@ def _check_metrics_listen(metrics: MetricsSettings) -> None:
             "served beyond this machine only with [metrics] allow_non_loopback = true")
 
 
+def unix_path(listen: str) -> str:
+    """The socket path a ``unix:PATH`` or ``unix:///abs`` listen address names."""
+    return listen[len("unix://"):] if listen.startswith("unix://") else listen[len("unix:"):]
+
+
 def inspector_address(listen: str) -> tuple[str, int] | str:
     """``[inspector] listen`` as the inspector binds it: (host, port) for a loopback TCP address,
     a path for ``unix:PATH`` (``unix:///abs`` too, as ``[server] listen`` writes it). ValueError
     says why another is refused."""
     if listen.startswith("unix:"):
-        path = listen[len("unix://"):] if listen.startswith("unix://") else listen[len("unix:"):]
+        path = unix_path(listen)
         if not path or (listen.startswith("unix://") and not path.startswith("/")):
             raise ValueError(f"{listen!r} names no socket path (unix:/path/to.sock)")
         return path

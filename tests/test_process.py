@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import grp
 import gzip
 import importlib.metadata
 import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -378,3 +381,65 @@ def _rest_of(watch) -> list:
     except grpc.RpcError:
         pass  # the server's stop ends the stream
     return answers
+
+
+def _a_group_not_the_sockets_default() -> grp.struct_group:
+    """A group this process may give a file it owns, other than the one the file gets anyway."""
+    others = [gid for gid in os.getgroups() if gid != os.getegid()]
+    if os.geteuid() == 0:  # root gives any group
+        others += [group.gr_gid for group in grp.getgrall() if group.gr_gid != os.getegid()]
+    for gid in others:
+        with contextlib.suppress(KeyError):
+            return grp.getgrgid(gid)
+    pytest.skip("no group other than the primary one to give the socket")
+
+
+@pytest.mark.parametrize("by", ["name", "id"])
+def test_a_unix_sockets_mode_and_group_are_set_before_it_serves(tmp_path: Path, by: str) -> None:
+    group = _a_group_not_the_sockets_default()
+    path = tmp_path / "sidecar.sock"
+    named = group.gr_name if by == "name" else str(group.gr_gid)
+    sidecar = Sidecar(tmp_path, "--listen", f"unix://{path}", "--unix-socket-mode", "0660",
+                      "--unix-socket-group", named)
+    try:
+        status = path.stat()  # as soon as it says it serves
+        assert (stat.S_IMODE(status.st_mode), status.st_gid) == (0o660, group.gr_gid)
+        assert sidecar.health.Check(health_pb2.HealthCheckRequest()).status == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        code, _ = sidecar.stop()
+    assert code == 0
+
+
+def test_a_unix_sockets_mode_and_group_are_left_alone_by_default(tmp_path: Path) -> None:
+    path = tmp_path / "sidecar.sock"
+    sidecar = Sidecar(tmp_path, "--listen", f"unix://{path}")
+    umask = os.umask(0)
+    os.umask(umask)
+    try:
+        status = path.stat()
+        assert (stat.S_IMODE(status.st_mode), status.st_gid) == (0o777 & ~umask, os.getegid())
+    finally:
+        code, _ = sidecar.stop()
+    assert code == 0
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--unix-socket-mode", "0968"], "[server] unix_socket_mode (from command line): expected an octal mode"),
+    (["--unix-socket-mode", "rw-rw----"], "[server] unix_socket_mode (from command line): expected an octal mode"),
+    (["--unix-socket-mode", "17777"], "[server] unix_socket_mode (from command line): expected an octal mode"),
+    (["--unix-socket-group", "no-such-group-27"], "[server] unix_socket_group (from command line): no group"),
+    (["--unix-socket-group", "-5"], "[server] unix_socket_group (from command line): no group"),
+])
+def test_a_bad_unix_socket_mode_or_group_is_refused(tmp_path: Path, flags: list[str], message: str) -> None:
+    result = run_cli(tmp_path, "serve", "--storage-path", str(tmp_path / "d"),
+                     "--listen", f"unix://{tmp_path / 'sidecar.sock'}", *flags)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert not (tmp_path / "sidecar.sock").exists()
+
+
+def test_a_unix_socket_mode_is_refused_for_a_tcp_listen(tmp_path: Path) -> None:
+    result = run_cli(tmp_path, "serve", "--storage-path", str(tmp_path / "d"), "--listen", "127.0.0.1:0",
+                     "--unix-socket-mode", "0660")
+    assert result.returncode == 2
+    assert "[server] unix_socket_mode: applies to a unix:// listen only" in result.stderr

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
+import os
 import signal
 import threading
 import time
@@ -35,7 +36,7 @@ from sidecar.context_window.state import StateSchemas
 from sidecar.errors import SharedStoreUnavailable, SidecarError
 from sidecar.memory.api import Memories
 from sidecar.memory.compaction import BackgroundJob, Compactor
-from sidecar.settings import ConfigError, Settings
+from sidecar.settings import ConfigError, Settings, unix_path, unix_socket_gid, unix_socket_mode
 from sidecar.storage.environment import Store
 from sidecar.storage.shared import SharedStore
 from sidecar.telemetry import logs
@@ -320,7 +321,24 @@ def build_server(settings: Settings, services: Services, in_flight: InFlightCall
         port = server.add_insecure_port(settings.server.listen)
     except RuntimeError as exc:
         raise OSError(f"cannot listen on {settings.server.listen}: {exc}") from None
+    if settings.server.listen.startswith("unix:"):
+        restrict_unix_socket(settings)
     return server, port, health_servicer
+
+
+def restrict_unix_socket(settings: Settings) -> None:
+    """``[server] unix_socket_mode`` and ``unix_socket_group`` given to the socket file: it exists
+    once the server has bound, and no call is accepted before the server starts."""
+    path = unix_path(settings.server.listen)
+    gid = unix_socket_gid(settings.server.unix_socket_group)
+    try:
+        if gid is not None:
+            os.chown(path, -1, gid)
+        mode = unix_socket_mode(settings.server.unix_socket_mode)
+        if mode is not None:
+            os.chmod(path, mode)
+    except OSError as error:  # not this process's to give: a group it is not in
+        raise OSError(f"cannot set the mode or group of {path}: {error.strerror}") from None
 
 
 def metrics_of(settings: Settings, services: Services) -> Metrics | None:
