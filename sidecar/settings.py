@@ -296,6 +296,9 @@ class TracingSettings:
     otlp_endpoint: str = _option(
         "", "where to export spans over OTLP/gRPC, such as http://127.0.0.1:4317; empty: spans are made "
         "but not exported", flag="--otlp-endpoint")
+    exporter: str = _option(
+        "otlp", "where spans go: otlp (to otlp_endpoint) or console (each span printed on stdout as JSON as it "
+        "ends, for looking at traces locally)", choices=("otlp", "console"), flag="--tracing-exporter")
 
 
 @dataclass(frozen=True)
@@ -615,6 +618,8 @@ def inspector_address(listen: str) -> tuple[str, int] | str:
 
 def _check_relations(settings: Settings) -> None:
     _check_listen(settings.server, bool(settings.auth.tenants))
+    if settings.tracing.exporter == "console" and settings.tracing.otlp_endpoint:
+        raise ConfigError("[tracing] otlp_endpoint: set while [tracing] exporter is console; spans go to one of them")
     _check_metrics_listen(settings.metrics)
     if settings.inspector.listen:
         try:

@@ -67,6 +67,14 @@ def test_drain_seconds_is_still_read_under_its_former_name(tmp_path: Path) -> No
         load_settings(write(tmp_path, "[server]\ngrace_seconds = -1\n"), env={})
 
 
+def test_the_console_exporter_and_an_otlp_endpoint_are_not_both_taken() -> None:
+    with pytest.raises(ConfigError, match="\\[tracing\\] otlp_endpoint: set while \\[tracing\\] exporter is console"):
+        load_settings(env={"CONTEXT_SIDECAR_TRACING_EXPORTER": "console",
+                           "CONTEXT_SIDECAR_TRACING_OTLP_ENDPOINT": "http://127.0.0.1:4317"})
+    with pytest.raises(ConfigError, match="\\[tracing\\] exporter \\(from CONTEXT_SIDECAR_TRACING_EXPORTER\\)"):
+        load_settings(env={"CONTEXT_SIDECAR_TRACING_EXPORTER": "stdout"})
+
+
 def test_config_path_from_the_environment(tmp_path: Path) -> None:
     config = write(tmp_path, "[context]\ntranscript_window = 50\n")
     assert load_settings(env={"CONTEXT_SIDECAR_CONFIG": config}).context.transcript_window == 50

@@ -6,7 +6,8 @@ traced call in progress (one context-variable read) and do nothing.
 
 On, :meth:`Tracing.start` makes a TracerProvider of the sidecar's own (``service.name``
 context-sidecar; the process's global provider is left alone), exporting over OTLP/gRPC to
-``[tracing] otlp_endpoint`` in batches when one is set (spans are made but go nowhere otherwise).
+``[tracing] otlp_endpoint`` in batches when one is set (spans are made but go nowhere otherwise),
+or with ``[tracing] exporter = "console"`` printing each span on stdout as it ends.
 Each RPC is then one SERVER span named ``<service>/<method>`` with the RPC semantic conventions'
 attributes (``rpc.system``, ``rpc.service``, ``rpc.method``, ``rpc.grpc.status_code``), whose
 parent is the caller's span when the call's metadata carries a W3C ``traceparent`` (and
@@ -118,7 +119,7 @@ class Tracing:
         try:
             from opentelemetry.sdk.resources import Resource
             from opentelemetry.sdk.trace import TracerProvider
-            from opentelemetry.sdk.trace.export import BatchSpanProcessor
+            from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor
             if settings.otlp_endpoint:
                 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
         except ImportError as error:
@@ -126,7 +127,9 @@ class Tracing:
                 f"[tracing] enabled needs the otel extra, which is not installed ({error}): "
                 "pip install 'context-sidecar[otel]'") from None
         provider = TracerProvider(resource=Resource.create({"service.name": SERVICE_NAME}))
-        if settings.otlp_endpoint:
+        if settings.exporter == "console":  # each span as it ends: for a person reading them
+            provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
+        elif settings.otlp_endpoint:
             provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=settings.otlp_endpoint)))
         if processor is not None:
             provider.add_span_processor(processor)

@@ -5,6 +5,8 @@ extra, the sidecar refuses to start; with an OTLP endpoint, a real sidecar expor
 
 from __future__ import annotations
 
+import json
+import signal
 import subprocess
 import sys
 import textwrap
@@ -288,4 +290,27 @@ def test_a_sidecar_with_an_otlp_endpoint_exports_its_spans_there(tmp_path: Path)
     assert len(server) == 1 and server[0].trace_id.hex() == trace_id and server[0].parent_span_id.hex() == \
         "b7ad6b7169203331"
     assert {span.name for _, span in exported if span.parent_span_id == server[0].span_id} == {
+        "commit", "count", "read", "render", "select"}
+
+
+def test_a_sidecar_with_the_console_exporter_prints_its_spans(tmp_path: Path) -> None:
+    sidecar = Sidecar(tmp_path, "--tracing", "--tracing-exporter", "console")
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    sidecar.stub.AssembleContext(turn(), metadata=(("traceparent", f"00-{trace_id}-00f067aa0ba902b7-01"),))
+    sidecar.process.send_signal(signal.SIGTERM)
+    printed, _ = sidecar.process.communicate(timeout=60)
+    sidecar.channel.close()
+    assert sidecar.process.returncode == 0, sidecar.log()
+    # ConsoleSpanExporter writes each span as an indented JSON object, one after another.
+    decoder, spans, at = json.JSONDecoder(), [], 0
+    while printed[at:].strip():
+        at += len(printed[at:]) - len(printed[at:].lstrip())
+        span, at = decoder.raw_decode(printed, at)
+        spans.append(span)
+    server = [span for span in spans if span["name"] == ASSEMBLE]
+    assert len(server) == 1, printed
+    assert server[0]["context"]["trace_id"] == f"0x{trace_id}"
+    assert server[0]["parent_id"] == "0x00f067aa0ba902b7"
+    assert server[0]["resource"]["attributes"]["service.name"] == "context-sidecar"
+    assert {span["name"] for span in spans if span["parent_id"] == server[0]["context"]["span_id"]} == {
         "commit", "count", "read", "render", "select"}
