@@ -235,7 +235,7 @@ def inspect(settings: Settings) -> int:
     import signal
     import threading
 
-    from sidecar.wire.server import Services
+    from sidecar.wire.server import SIGNAL_POLL_SECONDS, Services
 
     services = Services.open(settings)
     try:
@@ -248,7 +248,10 @@ def inspect(settings: Settings) -> int:
     signal.signal(signal.SIGTERM, lambda signum, frame: stopping.set())
     signal.signal(signal.SIGINT, lambda signum, frame: stopping.set())
     print(f"context-sidecar inspector on {server.url}", flush=True)
-    stopping.wait()
+    # Woken by the clock too, as serve's wait: a signal the kernel hands to one of the page
+    # threads only marks the handler pending, and an untimed wait here would never run it.
+    while not stopping.wait(SIGNAL_POLL_SECONDS):
+        pass
     server.stop()  # the page being served finishes first: the store closes after it
     services.close()
     return 0
