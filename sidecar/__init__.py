@@ -6,4 +6,14 @@ Layers import one way: ``wire`` (gRPC: server, servicer, conversions, status) us
 ``settings`` and ``validation`` are shared by every layer; plugins import ``plugin_api`` only.
 """
 
-__version__ = "0.1.0"
+import importlib.metadata
+
+DISTRIBUTION = "context-sidecar"
+
+
+def __getattr__(name: str) -> str:
+    # The installed distribution's version, read when asked for (not at every import of the
+    # package): pyproject.toml is the only place it is written.
+    if name == "__version__":
+        return importlib.metadata.version(DISTRIBUTION)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
 import logging
 import os
@@ -14,6 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
+import sidecar
 from sidecar.settings import (
     CONFIG_ENV,
     ConfigError,
@@ -42,9 +42,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="context-sidecar",
         description="A gRPC sidecar that counts tokens and assembles each agent turn's context "
                     "under a token budget, over an embedded LMDB store.")
-    # The installed distribution's own version: pyproject.toml is the only place it is written.
-    parser.add_argument("--version", action="version",
-                        version=f"%(prog)s {importlib.metadata.version('context-sidecar')}")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {sidecar.__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     serve = commands.add_parser(
         "serve", help="run the sidecar until SIGTERM",

@@ -46,6 +46,8 @@ def test_version_is_the_installed_distributions(tmp_path: Path) -> None:
     for command in ([str(script), "--version"], [sys.executable, "-m", "sidecar", "--version"]):
         result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=60)
         assert (result.returncode, result.stdout, result.stderr) == (0, expected, "")
+    listed = run_cli(tmp_path, "--help")
+    assert listed.returncode == 0 and "--version" in listed.stdout
 
 
 @pytest.mark.parametrize("args, message", [

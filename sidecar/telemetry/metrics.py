@@ -22,7 +22,9 @@ collector, so the hot path keeps no books for it.
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 import inspect
+import platform
 import socket
 import threading
 import time
@@ -33,10 +35,12 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, make_wsgi_app
+from prometheus_client import CollectorRegistry, Counter, Histogram, Info, ProcessCollector, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
+
+import sidecar
 
 PREFIX = "context_sidecar_"
 RPC_SECONDS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
@@ -82,6 +86,11 @@ class Metrics:
         ``caches``: each in-process cache's figures."""
         self.registry = registry = CollectorRegistry()
         ProcessCollector(registry=registry)  # process_*: CPU seconds, resident memory, open files
+        # context_sidecar_build_info{version,python,grpc} 1: what runs, for a dashboard to group by.
+        # grpc's version is its installed distribution's (only the wire imports grpc itself).
+        Info(PREFIX + "build", "The versions running: the sidecar's, Python's and grpcio's",
+             registry=registry).info({"version": sidecar.__version__, "python": platform.python_version(),
+                                      "grpc": importlib.metadata.version("grpcio")})
         self._rpc = Histogram(PREFIX + "rpc_duration_seconds", "Time to serve one RPC, by method and final status "
                               "code (a WatchEvents stream: its whole life)", ("method", "code"),
                               buckets=RPC_SECONDS, registry=registry)

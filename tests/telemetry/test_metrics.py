@@ -7,8 +7,10 @@ commits, the background job's rounds and failures."""
 from __future__ import annotations
 
 import collections
+import importlib.metadata
 import os
 import socket
+import sys
 import tempfile
 import time
 import urllib.error
@@ -38,10 +40,12 @@ KINDS = {kind for kind, _ in DETECTORS} | {"bearer_token", "byok", "registered"}
 REASONS = {"first_turn", "render_changed", "profile", "task_changed", "skill_loaded", "skill_unloaded",
            "summary_recorded", "summary_slid_out", "window_start_moved", "tool_results_cleared", "cache_expired",
            "history_changed"}
+RUNNING = {"version": importlib.metadata.version("context-sidecar"),  # the sidecar process's, as it runs here
+           "python": ".".join(str(part) for part in sys.version_info[:3]), "grpc": grpc.__version__}
 LABEL_VALUES = {"method": METHODS, "code": {code.name for code in grpc.StatusCode}, "kind": KINDS,
                 "reason": REASONS, "by": {"host", "built-in", "plugin", "replay"},
                 "trigger": {"client-requested", "host-managed"}, "job": {"memory_compaction"},
-                "cache": set(DECLARED)}
+                "cache": set(DECLARED), **{label: {running} for label, running in RUNNING.items()}}
 
 
 def scrape_text(url: str) -> str:
@@ -227,6 +231,18 @@ def test_the_background_job_counts_its_rounds_and_compactions(tmp_path: Path) ->
     finally:
         returncode, stderr = sidecar.stop()
     assert returncode == 0, stderr
+
+
+def test_build_info_names_the_versions_that_run(tmp_path: Path) -> None:
+    sidecar = Sidecar(tmp_path, "--metrics-listen", "127.0.0.1:0")
+    try:
+        text = scrape_text(sidecar.metrics_url)
+    finally:
+        sidecar.stop()
+    assert "# TYPE context_sidecar_build_info gauge" in text
+    builds = [(sample.labels, sample.value) for family in text_string_to_metric_families(text)
+              for sample in family.samples if sample.name == "context_sidecar_build_info"]
+    assert builds == [(RUNNING, 1.0)]
 
 
 def test_metrics_listen_only_on_loopback_unless_allowed(tmp_path: Path) -> None:
