@@ -183,7 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The compiled fastcore is imported here, through the domain: no Python fallback exists.
         from sidecar.wire.server import serve
     except ImportError as error:
-        print(f"context-sidecar: cannot start: {error}", file=sys.stderr)
+        logs.say(f"context-sidecar: cannot start: {error}", sys.stderr, logging.ERROR)
         return 3
     from sidecar.storage.environment import StoreError
     from sidecar.text.encodings import EncodingIntegrityError
@@ -193,10 +193,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return inspect(settings)
         exit_at_once(serve(settings, beside=inspector_beside(settings) if settings.inspector.listen else None))
     except ConfigError as error:  # found once the domain opens: a plugin or a state schema
-        print(f"context-sidecar: configuration error: {error}", file=sys.stderr)
+        logs.say(f"context-sidecar: configuration error: {error}", sys.stderr, logging.ERROR)
         return 2
     except (EncodingIntegrityError, OSError, StoreError) as error:
-        print(f"context-sidecar: cannot start: {error}", file=sys.stderr)
+        logs.say(f"context-sidecar: cannot start: {error}", sys.stderr, logging.ERROR)
         return 3
 
 
@@ -221,9 +221,9 @@ def _inspector_server(settings: Settings, services: Services, listen: str) -> In
 def inspector_beside(settings: Settings) -> Beside:
     """``[inspector] listen`` served by serve, over the domain its gRPC server serves (the wire
     does not import the inspector: it is wired here)."""
-    def start(services: Services) -> tuple[str, Callable[[], None]]:
+    def start(services: Services) -> tuple[Callable[[], None], Callable[[], None]]:
         server = _inspector_server(settings, services, settings.inspector.listen)
-        return f"context-sidecar inspector on {server.url}", server.stop
+        return lambda: logs.say(f"context-sidecar inspector on {server.url}", url=server.url), server.stop
 
     return start
 
@@ -245,7 +245,7 @@ def inspect(settings: Settings) -> int:
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda signum, frame: stopping.set())
     signal.signal(signal.SIGINT, lambda signum, frame: stopping.set())
-    print(f"context-sidecar inspector on {server.url}", flush=True)
+    logs.say(f"context-sidecar inspector on {server.url}", url=server.url)
     # Woken by the clock too, as serve's wait: a signal the kernel hands to one of the page
     # threads only marks the handler pending, and an untimed wait here would never run it.
     while not stopping.wait(SIGNAL_POLL_SECONDS):

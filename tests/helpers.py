@@ -248,6 +248,15 @@ READY = "context-sidecar serving on "
 METRICS_READY = "context-sidecar metrics on "
 
 
+def announced(line: str, ready: str, field: str) -> str | None:
+    """The address a banner line announces after ``ready`` (None: the line is not that one): the
+    rest of the text, or under the JSON log format its object's ``field`` (address or url)."""
+    if line.startswith("{"):
+        entry = json.loads(line)
+        return entry[field] if entry.get("message", "").startswith(ready) else None
+    return line[len(ready):].strip() if line.startswith(ready) else None
+
+
 def with_site(site: Path) -> dict[str, str]:
     """The environment that makes a sidecar process find the test plugin installed in ``site``
     (conftest's ``site`` fixture)."""
@@ -255,8 +264,9 @@ def with_site(site: Path) -> dict[str, str]:
 
 
 class Sidecar:
-    """``python -m sidecar serve ...`` in a subprocess, ready once it prints its address (and,
-    with --metrics-listen, the URL of its /metrics on the next line: ``metrics_url``). Its flags
+    """``python -m sidecar serve ...`` in a subprocess, ready once it prints its address (a text
+    line, or a JSON object under --log-format json; and, with --metrics-listen, the URL of its
+    /metrics on the next line: ``metrics_url``). Its flags
     follow the defaults given here (the last of a flag wins); its stderr, the log, goes to a file (a
     pipe nobody reads would stall a chatty sidecar): :meth:`log` reads it."""
 
@@ -272,19 +282,21 @@ class Sidecar:
             self.process = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=stderr,
                                             text=True, env={**os.environ, **(env or {})})
         line = self.process.stdout.readline()
-        if not line.startswith(READY):
+        address = announced(line, READY, "address")
+        if address is None:
             self.process.kill()
             self.process.wait()
             raise AssertionError(f"sidecar did not start: {line!r} {self.log()}")
-        self.address = line[len(READY):].strip()
+        self.address = address
         self.metrics_url = ""
         if "--metrics-listen" in flags:
             line = self.process.stdout.readline()
-            if not line.startswith(METRICS_READY):
+            url = announced(line, METRICS_READY, "url")
+            if url is None:
                 self.process.kill()
                 self.process.wait()
                 raise AssertionError(f"sidecar did not serve metrics: {line!r} {self.log()}")
-            self.metrics_url = line[len(METRICS_READY):].strip()
+            self.metrics_url = url
         self.channel = grpc.insecure_channel(self.address)
         self.stub = pb_grpc.ContextSidecarStub(self.channel)
         self.health = health_pb2_grpc.HealthStub(self.channel)

@@ -32,6 +32,7 @@ WITHHELD = "its message is not logged: it may quote content"
 _RECORD_ATTRIBUTES = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime", "taskName"}
 # W3C Trace Context: version-traceid-parentid-flags, lowercase hex (https://www.w3.org/TR/trace-context/).
 _TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
+_said_as_json = False  # [log] format = "json", as configure() was given it: say()'s lines are JSON too
 
 
 def _type_name(error: BaseException) -> str:
@@ -130,12 +131,26 @@ def formatter(format: str) -> logging.Formatter:
 def configure(level: str, format: str, stream: TextIO | None = None) -> None:
     """The process's logging: ``level`` and ``[log] format`` on stderr (or ``stream``); uncaught
     exceptions, in the main thread or any other, go through it too (so they are written like
-    any other line: one JSON object, no exception message)."""
+    any other line: one JSON object, no exception message). :func:`say` writes in ``format`` too."""
+    global _said_as_json
+    _said_as_json = format == "json"
     handler = logging.StreamHandler(stream)
     handler.setFormatter(formatter(format))
     logging.basicConfig(level=level, handlers=[handler])
     sys.excepthook = _log_uncaught
     threading.excepthook = _log_uncaught_in_thread
+
+
+def say(message: str, stream: TextIO | None = None, level: int = logging.INFO, **fields: str) -> None:
+    """One line on stdout (or ``stream``) whatever the log level: the start banner a supervisor or
+    test waits for, or why the process could not start. Under the text format it is ``message``
+    as it is; under JSON one object like any log line's (logger ``sidecar``), ``fields`` (the
+    address served) among its keys, so that a reader of JSON needs no parsing of the message."""
+    if _said_as_json:
+        record = logging.makeLogRecord({"name": "sidecar", "levelno": level, "levelname": logging.getLevelName(level),
+                                        "msg": message, **fields})
+        message = JsonFormatter().format(record)
+    print(message, file=stream or sys.stdout, flush=True)
 
 
 def _log_uncaught(kind: type[BaseException], error: BaseException, trace: TracebackType | None) -> None:

@@ -364,9 +364,9 @@ def bound_address(listen: str, port: int) -> str:
 
 
 # What the entry serves beside the gRPC server, over the same domain (the run inspector, which the
-# wire does not import): given the opened services, it starts serving and answers the line that
-# announces it and what stops it.
-Beside = Callable[[Services], tuple[str, Callable[[], None]]]
+# wire does not import): given the opened services, it starts serving and answers what writes the
+# line that announces it (after the serving line) and what stops it.
+Beside = Callable[[Services], tuple[Callable[[], None], Callable[[], None]]]
 
 
 def serve(settings: Settings, ready: threading.Event | None = None, beside: Beside | None = None) -> int:
@@ -399,11 +399,13 @@ def serve(settings: Settings, ready: threading.Event | None = None, beside: Besi
         job.start()
     # One line on stdout that a supervisor or test can wait for (it names the port chosen for :0),
     # and a second one with metrics on (the URL of /metrics, its port chosen likewise).
-    print(f"context-sidecar serving on {bound_address(settings.server.listen, port)}", flush=True)
+    # Under the JSON log format each is a JSON object with the address (url) in a field of its own.
+    address = bound_address(settings.server.listen, port)
+    logs.say(f"context-sidecar serving on {address}", address=address)
     if endpoint:
-        print(f"context-sidecar metrics on {endpoint.url}", flush=True)
+        logs.say(f"context-sidecar metrics on {endpoint.url}", url=endpoint.url)
     if companion:
-        print(companion[0], flush=True)
+        companion[0]()
     if ready is not None:
         ready.set()
     # Waits with a timeout, woken by the clock: a signal that the kernel hands to another thread

@@ -15,15 +15,19 @@ import json
 import logging
 import os
 import re
+import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
 from context_sidecar_client.v1 import sidecar_pb2 as pb
+from context_sidecar_client.v1 import sidecar_pb2_grpc as pb_grpc
 
 from sidecar.context_window.policy import Policy, TriggerInput
 from sidecar.errors import PluginFailed, StoreFull
@@ -459,3 +463,83 @@ def test_an_uncaught_exception_is_a_line_of_the_log_too(tmp_path: Path) -> None:
     assert f"ValueError ({logs.WITHHELD})" in found[0]["exception"]
     assert f"KeyError ({logs.WITHHELD})" in found[1]["exception"]
     assert not canaries_in(result.stderr)
+
+
+# The process's every line: the start banner (stdout) and the log (stderr), in the format asked for.
+
+BANNER_TEXT = (re.compile(r"^context-sidecar serving on (127\.0\.0\.1:\d+)$"),
+               re.compile(r"^context-sidecar metrics on (http://127\.0\.0\.1:\d+/metrics)$"),
+               re.compile(r"^context-sidecar inspector on (http://127\.0\.0\.1:\d+/?)$"))
+
+
+def _serve_with_every_banner(tmp_path: Path, format: str) -> tuple[list[str], list[str]]:
+    """A real serve with metrics and the inspector on, at DEBUG, in ``format``: each banner line's
+    address (gRPC, /metrics, inspector) is used, then SIGTERM; its stdout and stderr lines."""
+    stderr_path = tmp_path / "stderr"
+    with stderr_path.open("w") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "sidecar", "serve", "--storage-path", str(tmp_path / "data"), "--log-level",
+             "DEBUG", "--log-format", format, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
+             "--inspector-listen", "127.0.0.1:0"],
+            cwd=tmp_path, stdout=subprocess.PIPE, stderr=stderr, text=True)
+    try:
+        banner = [process.stdout.readline().rstrip("\n") for _ in BANNER_TEXT]
+        if format == "json":
+            fields = [json.loads(line) for line in banner]
+            address, metrics_url, inspector_url = fields[0]["address"], fields[1]["url"], fields[2]["url"]
+        else:
+            found = [pattern.match(line) for pattern, line in zip(BANNER_TEXT, banner)]
+            assert all(found), banner
+            address, metrics_url, inspector_url = (match[1] for match in found if match)
+        with grpc.insecure_channel(address) as channel:
+            stub = pb_grpc.ContextSidecarStub(channel)
+            with pytest.raises(grpc.RpcError) as missing:
+                stub.GetTranscriptWindow(pb.GetTranscriptWindowRequest(run_id="no-such-run", iteration=1), timeout=30)
+            assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+        for url in (metrics_url, inspector_url):
+            with urllib.request.urlopen(url, timeout=30) as answer:
+                assert answer.status == 200
+        process.send_signal(signal.SIGTERM)
+        rest, _ = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 0, stderr_path.read_text()
+    return banner + rest.splitlines(), stderr_path.read_text(encoding="utf-8").splitlines()
+
+
+def test_under_the_json_format_every_line_is_json_the_banner_too(tmp_path: Path) -> None:
+    stdout, stderr = _serve_with_every_banner(tmp_path, "json")
+    written = [json.loads(line) for line in stdout + stderr]  # each line: one whole JSON object
+    assert all(JSON_TIME.match(entry["time"]) for entry in written)
+    banner = [json.loads(line) for line in stdout]
+    assert [(entry["level"], entry["logger"]) for entry in banner] == [("INFO", "sidecar")] * 3
+    assert [entry["message"] for entry in banner] == [
+        f"context-sidecar serving on {banner[0]['address']}", f"context-sidecar metrics on {banner[1]['url']}",
+        f"context-sidecar inspector on {banner[2]['url']}"]
+    logged = [json.loads(line) for line in stderr]
+    assert any((entry.get("method"), entry.get("status")) == ("GetTranscriptWindow", "NOT_FOUND") for entry in logged)
+    assert any(entry["message"] == "stopped" for entry in logged)
+
+
+def test_under_the_text_format_the_banner_is_as_it_always_was(tmp_path: Path) -> None:
+    stdout, stderr = _serve_with_every_banner(tmp_path, "text")
+    assert len(stdout) == 3  # the banner, matched line by line; nothing else on stdout
+    assert all(LINE_START.match(line) for line in stderr if not line.startswith(("Traceback", "  ")))
+    assert any(line.endswith(" INFO sidecar.wire.server: stopped") for line in stderr)
+
+
+def test_under_the_json_format_a_failure_to_start_is_json_too(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        result = subprocess.run(
+            [sys.executable, "-m", "sidecar", "serve", "--storage-path", str(tmp_path / "data"), "--log-format",
+             "json", "--metrics-listen", address], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 3
+    written = [json.loads(line) for line in (result.stdout + result.stderr).splitlines()]
+    assert [(entry["level"], entry["logger"], entry["message"]) for entry in written if entry["level"] == "ERROR"] == [
+        ("ERROR", "sidecar", f"context-sidecar: cannot start: cannot serve metrics on {address}: "
+                             "Address already in use")]
