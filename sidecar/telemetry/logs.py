@@ -131,12 +131,14 @@ def formatter(format: str) -> logging.Formatter:
 def configure(level: str, format: str, stream: TextIO | None = None) -> None:
     """The process's logging: ``level`` and ``[log] format`` on stderr (or ``stream``); uncaught
     exceptions, in the main thread or any other, go through it too (so they are written like
-    any other line: one JSON object, no exception message). :func:`say` writes in ``format`` too."""
+    any other line: one JSON object, no exception message), as do Python's warnings. :func:`say`
+    writes in ``format`` too."""
     global _said_as_json
     _said_as_json = format == "json"
     handler = logging.StreamHandler(stream)
     handler.setFormatter(formatter(format))
     logging.basicConfig(level=level, handlers=[handler])
+    logging.captureWarnings(True)  # a library's warnings.warn: a WARNING line of py.warnings, not Python's text
     sys.excepthook = _log_uncaught
     threading.excepthook = _log_uncaught_in_thread
 

@@ -446,6 +446,12 @@ def test_the_sidecars_failures_are_logged_without_their_messages_under_any_forma
     assert "ERROR sidecar.memory.compaction: compaction round failed" in started
 
 
+def run_python(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    """``python *args`` in a process of its own, importing this tree's sidecar."""
+    return subprocess.run([sys.executable, *args], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+
+
 def test_an_uncaught_exception_is_a_line_of_the_log_too(tmp_path: Path) -> None:
     """In a thread or in the main thread: written by the log's formatter, not Python's hook."""
     program = (
@@ -454,8 +460,7 @@ def test_an_uncaught_exception_is_a_line_of_the_log_too(tmp_path: Path) -> None:
         "def run():\n    raise ValueError(leak)\n"
         "thread = threading.Thread(target=run, name='worker')\nthread.start()\nthread.join()\n"
         "raise KeyError(leak)\n")
-    result = subprocess.run([sys.executable, "-c", program, LEAK], cwd=tmp_path, capture_output=True, text=True,
-                            timeout=60, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    result = run_python(tmp_path, "-c", program, LEAK)
     assert result.returncode == 1
     found = records(result.stderr, "json")
     assert [(r["level"], r["message"]) for r in found] == [
@@ -543,3 +548,14 @@ def test_under_the_json_format_a_failure_to_start_is_json_too(tmp_path: Path) ->
     assert [(entry["level"], entry["logger"], entry["message"]) for entry in written if entry["level"] == "ERROR"] == [
         ("ERROR", "sidecar", f"context-sidecar: cannot start: cannot serve metrics on {address}: "
                              "Address already in use")]
+
+
+def test_a_python_warning_is_a_line_of_the_log_too(tmp_path: Path) -> None:
+    """A library's warning (warnings.warn) would otherwise be Python's own two lines of text."""
+    program = ("import warnings\nfrom sidecar.telemetry import logs\n"
+               "logs.configure('INFO', 'json')\nwarnings.warn('an option going away', DeprecationWarning, 1)\n")
+    result = run_python(tmp_path, "-W", "default", "-c", program)
+    assert result.returncode == 0
+    found = records(result.stderr, "json")  # every line: one JSON object
+    assert [(r["level"], r["logger"]) for r in found] == [("WARNING", "py.warnings")]
+    assert "DeprecationWarning: an option going away" in found[0]["message"]
