@@ -128,7 +128,10 @@ class Tracing:
                 "pip install 'context-sidecar[otel]'") from None
         provider = TracerProvider(resource=Resource.create({"service.name": SERVICE_NAME}))
         if settings.exporter == "console":  # each span as it ends: for a person reading them
-            provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
+            # One line a span (the exporter indents by default): stdout stays one JSON object a
+            # line, as the JSON log format promises, and a reader can take it line by line.
+            provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter(
+                formatter=lambda span: span.to_json(indent=None) + "\n")))
         elif settings.otlp_endpoint:
             provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=settings.otlp_endpoint)))
         if processor is not None:

@@ -301,12 +301,8 @@ def test_a_sidecar_with_the_console_exporter_prints_its_spans(tmp_path: Path) ->
     printed, _ = sidecar.process.communicate(timeout=60)
     sidecar.channel.close()
     assert sidecar.process.returncode == 0, sidecar.log()
-    # ConsoleSpanExporter writes each span as an indented JSON object, one after another.
-    decoder, spans, at = json.JSONDecoder(), [], 0
-    while printed[at:].strip():
-        at += len(printed[at:]) - len(printed[at:].lstrip())
-        span, at = decoder.raw_decode(printed, at)
-        spans.append(span)
+    # One JSON object a line, each a span (stdout's banner was read before the call).
+    spans = [json.loads(line) for line in printed.splitlines()]
     server = [span for span in spans if span["name"] == ASSEMBLE]
     assert len(server) == 1, printed
     assert server[0]["context"]["trace_id"] == f"0x{trace_id}"
