@@ -97,6 +97,23 @@ class ServerSettings:
 
 
 @dataclass(frozen=True)
+class ServerTlsSettings:
+    """``[server.tls]``: the gRPC server speaks TLS only once cert_file and key_file are set."""
+
+    cert_file: str = _option(
+        "", "the server's certificate chain (PEM); with key_file, every connection is TLS; re-read on SIGHUP",
+        flag="--tls-cert-file")
+    key_file: str = _option("", "the private key of cert_file (PEM); re-read on SIGHUP", flag="--tls-key-file")
+    client_ca_file: str = _option(
+        "", "CA certificates (PEM): set, every client must present a certificate they signed (mTLS); "
+        "re-read on SIGHUP", flag="--tls-client-ca-file")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.cert_file)
+
+
+@dataclass(frozen=True)
 class StorageSettings:
     path: str = _option("./data", "folder of the LMDB environment (created if missing)",
                         flag="--storage-path")
@@ -354,6 +371,7 @@ class AuthSettings:
 @dataclass(frozen=True)
 class Settings:
     server: ServerSettings = field(default_factory=ServerSettings)
+    server_tls: ServerTlsSettings = field(default_factory=ServerTlsSettings)
     storage: StorageSettings = field(default_factory=StorageSettings)
     context: ContextSettings = field(default_factory=ContextSettings)
     context_clearing: ClearingSettings = field(default_factory=ClearingSettings)
@@ -371,7 +389,7 @@ class Settings:
 
 # A dotted name is a TOML subtable ([memory.compaction]) and the attribute memory_compaction.
 SECTIONS: dict[str, type] = {
-    "server": ServerSettings, "storage": StorageSettings, "context": ContextSettings,
+    "server": ServerSettings, "server.tls": ServerTlsSettings, "storage": StorageSettings, "context": ContextSettings,
     "context.clearing": ClearingSettings, "render": RenderSettings, "memory": MemorySettings,
     "memory.compaction": MemoryCompactionSettings, "redaction": RedactionSettings, "cache": CacheSettings,
     "metrics": MetricsSettings,
@@ -616,8 +634,18 @@ def inspector_address(listen: str) -> tuple[str, int] | str:
     return host.strip("[]"), int(port)
 
 
+def _check_tls(tls: ServerTlsSettings) -> None:
+    if bool(tls.cert_file) != bool(tls.key_file):
+        given, missing = ("cert_file", "key_file") if tls.cert_file else ("key_file", "cert_file")
+        raise ConfigError(f"[server.tls] {missing}: required with [server.tls] {given}")
+    if tls.client_ca_file and not tls.cert_file:
+        raise ConfigError("[server.tls] client_ca_file: client certificates are asked for over TLS only; "
+                          "set [server.tls] cert_file and key_file too")
+
+
 def _check_relations(settings: Settings) -> None:
     _check_listen(settings.server, bool(settings.auth.tenants))
+    _check_tls(settings.server_tls)
     if settings.tracing.exporter == "console" and settings.tracing.otlp_endpoint:
         raise ConfigError("[tracing] otlp_endpoint: set while [tracing] exporter is console; spans go to one of them")
     _check_metrics_listen(settings.metrics)

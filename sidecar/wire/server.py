@@ -52,6 +52,7 @@ from sidecar.wire.auth import TenantOf
 from sidecar.wire.capabilities import capability_document
 from sidecar.wire.freshness import freshening
 from sidecar.wire.servicer import ContextSidecarServicer, add_servicer_to_server
+from sidecar.wire.tls import ServerCertificates
 
 log = logging.getLogger(__name__)
 SIGNAL_POLL_SECONDS = 0.2  # at most this long between SIGTERM and the start of the drain
@@ -290,10 +291,13 @@ def servicer_for(settings: Settings, services: Services) -> ContextSidecarServic
 
 def build_server(settings: Settings, services: Services, in_flight: InFlightCalls | None = None,
                  tracing: Tracing | None = None,
-                 metrics: Metrics | None = None) -> tuple[grpc.Server, int, health.HealthServicer]:
+                 metrics: Metrics | None = None, certificates: ServerCertificates | None = None,
+                 ) -> tuple[grpc.Server, int, health.HealthServicer]:
     """A server bound to ``[server] listen`` (port 0 picks a free port), not yet started.
     ``tracing``: each ContextSidecar call a span (``Tracing.start``; None: no tracing); ``metrics``:
-    each call timed, and the areas' figures recorded (None: no metrics)."""
+    each call timed, and the areas' figures recorded (None: no metrics). With ``[server.tls]`` set
+    the port speaks TLS only, with ``certificates`` (read from the settings when not given; the
+    caller keeps them to reload)."""
     limit = settings.server.max_message_bytes
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=settings.server.max_workers, thread_name_prefix="rpc"),
@@ -317,8 +321,13 @@ def build_server(settings: Settings, services: Services, in_flight: InFlightCall
     for name in ("", SERVICE_NAME):
         health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     add_reflection(server, (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name))
+    if certificates is None and settings.server_tls.enabled:
+        certificates = ServerCertificates(settings.server_tls)
     try:
-        port = server.add_insecure_port(settings.server.listen)
+        if certificates is not None:
+            port = server.add_secure_port(settings.server.listen, certificates.credentials())
+        else:
+            port = server.add_insecure_port(settings.server.listen)
     except RuntimeError as exc:
         raise OSError(f"cannot listen on {settings.server.listen}: {exc}") from None
     if settings.server.listen.startswith("unix:"):
@@ -374,10 +383,12 @@ def serve(settings: Settings, ready: threading.Event | None = None, beside: Besi
     drain_seconds``, and those still running are cancelled. ``beside``: served too, from before the
     gRPC server starts until after it drained. The caller exits at once after (cli.exit_at_once)."""
     tracing = Tracing.start(settings.tracing)  # enabled without the otel extra: a ConfigError, before anything opens
+    # Unusable certificate files, likewise.
+    certificates = ServerCertificates(settings.server_tls) if settings.server_tls.enabled else None
     services = Services.open(settings)
     in_flight = InFlightCalls()
     metrics = metrics_of(settings, services)
-    server, port, health_servicer = build_server(settings, services, in_flight, tracing, metrics)
+    server, port, health_servicer = build_server(settings, services, in_flight, tracing, metrics, certificates)
     endpoint = metrics.serve(settings.metrics.listen) if metrics else None
     companion = beside(services) if beside else None
     stopping = threading.Event()
@@ -386,8 +397,16 @@ def serve(settings: Settings, ready: threading.Event | None = None, beside: Besi
         log.info("received %s: draining", signal.Signals(signum).name)
         stopping.set()
 
+    def reload(signum: int, frame: object) -> None:
+        # The operator's usual word for "read your files again"; never a stop (SIGHUP's default).
+        if certificates is None:
+            log.info("received SIGHUP: nothing to re-read without [server.tls]")
+        else:
+            certificates.reload()
+
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
+    signal.signal(signal.SIGHUP, reload)
     start(server, health_servicer)
     shared_health = SharedStoreHealth(services.store.shared, health_servicer) if services.store.shared else None
     if shared_health:
