@@ -2,8 +2,11 @@
 // in lowerCamelCase, each taking the request as a plain object with the proto's snake_case
 // fields (any field may be left out: it is its zero value) and answering the decoded response.
 
-import { Client as GrpcClient, credentials, Metadata, type ChannelOptions, type ClientReadableStream,
-  type ServiceError } from '@grpc/grpc-js';
+import fs from 'node:fs';
+import { X509Certificate } from 'node:crypto';
+
+import { Client as GrpcClient, credentials, Metadata, type ChannelCredentials, type ChannelOptions,
+  type ClientReadableStream, type ServiceError } from '@grpc/grpc-js';
 import { BinaryReader, BinaryWriter, WireType } from '@bufbuild/protobuf/wire';
 
 import { callError } from './errors.js';
@@ -26,9 +29,21 @@ export interface CallOptions {
   retries?: number;
 }
 
+/** The files of a TLS connection to a sidecar that serves `[server.tls]` (PEM, each a path). */
+export interface TlsFiles {
+  /** The CA certificate(s) the sidecar's certificate must be signed by. */
+  caFile: string;
+  /** The client's certificate chain, for a sidecar that requires one (mTLS); with `keyFile`. */
+  certFile?: string;
+  /** The private key of `certFile` (unencrypted). */
+  keyFile?: string;
+}
+
 export interface ConnectOptions extends CallOptions {
   /** The tenant's bearer token, when the sidecar is configured with tenants. */
   token?: string;
+  /** Connect over TLS, trusting `caFile` (and presenting `certFile` under mTLS); unset: plaintext. */
+  tls?: TlsFiles;
   /** grpc-js channel options, over the client's own (a fast reconnect backoff). */
   channelOptions?: ChannelOptions;
 }
@@ -102,13 +117,46 @@ function codec(method: Definition[MethodName]): Codec {
   };
 }
 
+function readTlsFile(option: keyof TlsFiles, file: unknown): Buffer {
+  if (typeof file !== 'string' || file === '') throw new TypeError(`tls.${option} must be a file path`);
+  try {
+    return fs.readFileSync(file);
+  } catch (error) {
+    throw new Error(`tls.${option}: cannot read ${file}: ${(error as Error).message}`);
+  }
+}
+
+/** The channel's credentials: plaintext without `tls`; else TLS with its files read now, so that a
+ * missing or unusable file is an error of connect (naming it) rather than of every call. */
+function channelCredentials(tls: TlsFiles | undefined): ChannelCredentials {
+  if (tls === undefined) return credentials.createInsecure();
+  const { caFile, certFile, keyFile } = tls;
+  if ((certFile === undefined) !== (keyFile === undefined)) {
+    throw new TypeError('tls.certFile and tls.keyFile go together: give both (mTLS) or neither');
+  }
+  const ca = readTlsFile('caFile', caFile);
+  try {
+    new X509Certificate(ca); // Node.js's TLS would ignore a CA file holding no certificate
+  } catch (error) {
+    throw new Error(`tls.caFile: ${caFile} holds no PEM certificate: ${(error as Error).message}`);
+  }
+  const cert = certFile === undefined ? null : readTlsFile('certFile', certFile);
+  const key = keyFile === undefined ? null : readTlsFile('keyFile', keyFile);
+  try {
+    return credentials.createSsl(ca, key, cert);
+  } catch (error) {
+    throw new Error(`tls.certFile / tls.keyFile: ${certFile} and ${keyFile} are not a PEM certificate chain and `
+      + `its private key: ${(error as Error).message}`);
+  }
+}
+
 function sleep(ms: number): Promise<void> {
   return new Promise((resolve) => setTimeout(resolve, ms));
 }
 
 /**
- * Connect to a sidecar at `address` ("127.0.0.1:50051" or "unix:///abs/path.sock"). The sidecar
- * has no TLS of its own (it listens on loopback or a unix socket), hence plaintext.
+ * Connect to a sidecar at `address` ("127.0.0.1:50051" or "unix:///abs/path.sock"): plaintext, or
+ * TLS with `tls` (the sidecar's `[server.tls]`; its certificate must name the address's host).
  *
  * A call to the sidecar that was unavailable is tried again, up to `retries` times with a
  * doubling pause (0.1 s to 2 s, jittered), when repeating it is harmless (the reads and the
@@ -116,13 +164,14 @@ function sleep(ms: number): Promise<void> {
  * SidecarError subclass by status (InvalidArgumentError, NotFoundError, ...).
  */
 export function connect(address: string, options: ConnectOptions = {}): SidecarClient {
-  const { token, channelOptions = {}, deadlineMs: clientDeadlineMs = DEFAULT_DEADLINE_MS,
+  const { token, tls, channelOptions = {}, deadlineMs: clientDeadlineMs = DEFAULT_DEADLINE_MS,
     retries: clientRetries = DEFAULT_RETRIES } = options;
   if (token !== undefined && (typeof token !== 'string' || token === '')) {
     throw new TypeError('token must be a non-empty string');
   }
-  const channel = new GrpcClient(address, credentials.createInsecure(), { ...CHANNEL_OPTIONS, ...channelOptions });
-  // A fresh Metadata per call: grpc-js refuses call credentials on an insecure channel.
+  const channel = new GrpcClient(address, channelCredentials(tls), { ...CHANNEL_OPTIONS, ...channelOptions });
+  // The token as a fresh Metadata per call rather than call credentials, which grpc-js refuses
+  // on a plaintext channel: one way for both transports.
   const callMetadata = (): Metadata => {
     const metadata = new Metadata();
     if (token !== undefined) metadata.set('authorization', `Bearer ${token}`);

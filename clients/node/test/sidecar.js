@@ -2,7 +2,7 @@
 // test file.
 
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
 import path from 'node:path';
 import readline from 'node:readline';
 
@@ -11,16 +11,16 @@ const PYTHON = process.env.SIDECAR_PYTHON || 'python';
 const READY_TIMEOUT_MS = 30000;
 
 /**
- * Start `python -m sidecar serve` listening on a unix socket in `tmpDir`, storing in
- * `tmpDir/data`, with `flags` (e.g. ['--token-counter', 'chars']) after the common ones.
+ * Start `python -m sidecar serve` listening on a unix socket in `tmpDir` (or on `listen`, e.g.
+ * '127.0.0.1:0' for a free loopback port), storing in `tmpDir/data`, with `flags` (e.g.
+ * ['--token-counter', 'chars']) after the common ones.
  *
  * Returns { child, ready, exited, address, stderr() }: `ready` resolves to the address from the
  * sidecar's "serving on" line (rejects if it exits first or is not ready in time), `exited`
  * resolves to { code, signal } once the process is gone and its stderr read to the end.
  */
-function startSidecar(tmpDir, flags = []) {
-  const address = `unix://${path.join(tmpDir, 'sidecar.sock')}`;
-  const args = ['-m', 'sidecar', 'serve', '--listen', address,
+function startSidecar(tmpDir, flags = [], { listen = `unix://${path.join(tmpDir, 'sidecar.sock')}` } = {}) {
+  const args = ['-m', 'sidecar', 'serve', '--listen', listen,
     '--storage-path', path.join(tmpDir, 'data'), '--log-level', 'WARNING', ...flags];
   // cwd is the repository root so `-m sidecar` resolves even without an installed package.
   const child = spawn(PYTHON, args, { cwd: REPO_ROOT, stdio: ['ignore', 'pipe', 'pipe'] });
@@ -55,7 +55,7 @@ function startSidecar(tmpDir, flags = []) {
     });
   });
 
-  return { child, ready, exited, address, stderr: () => stderr };
+  return { child, ready, exited, address: listen, stderr: () => stderr };
 }
 
 /** Kill the sidecar if it is still running (after a failure skipped its clean stop). */
@@ -74,4 +74,15 @@ async function stopWithSigterm(sidecar) {
   assert.equal(code, 0, `exit code ${code}; stderr:\n${sidecar.stderr()}`);
 }
 
-export { startSidecar, killSidecar, stopWithSigterm, REPO_ROOT, PYTHON };
+/**
+ * Write a fresh CA and its certificates into `folder` (tests/certificates.py, as every suite's TLS
+ * tests use): returns `pem(stem)` and `key(stem)`, the paths of e.g. 'ca', 'server', 'client',
+ * 'other-ca', 'other-client'.
+ */
+function makeCertificates(folder) {
+  const made = spawnSync(PYTHON, ['-m', 'tests.certificates', folder], { cwd: REPO_ROOT, encoding: 'utf8' });
+  assert.equal(made.status, 0, `python -m tests.certificates failed: ${made.error ?? made.stderr}`);
+  return { pem: (stem) => path.join(folder, `${stem}.pem`), key: (stem) => path.join(folder, `${stem}.key`) };
+}
+
+export { startSidecar, killSidecar, stopWithSigterm, makeCertificates, REPO_ROOT, PYTHON };
