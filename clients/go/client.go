@@ -11,14 +11,18 @@ package sidecar
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
@@ -44,6 +48,7 @@ type Option func(*options)
 type options struct {
 	token   string
 	timeout time.Duration
+	tls     *TLSFiles
 	dial    []grpc.DialOption
 }
 
@@ -54,6 +59,46 @@ func WithToken(token string) Option { return func(o *options) { o.token = token 
 // WithTimeout sets the deadline of unary calls whose context has none; 0 leaves them without one.
 func WithTimeout(d time.Duration) Option { return func(o *options) { o.timeout = d } }
 
+// TLSFiles are the PEM files of a TLS connection to a sidecar that serves [server.tls].
+type TLSFiles struct {
+	// CAFile holds the CA certificate(s) the sidecar's certificate must be signed by.
+	CAFile string
+	// CertFile is the client's certificate chain, for a sidecar that requires one (mTLS), and
+	// KeyFile its private key: both or neither.
+	CertFile string
+	KeyFile  string
+}
+
+// WithTLS connects over TLS, trusting files.CAFile and, with files.CertFile, presenting that
+// client certificate (mTLS). The sidecar's certificate must name the target's host. Dial reads
+// the files, and returns the error when one cannot be read or used.
+func WithTLS(files TLSFiles) Option { return func(o *options) { o.tls = &files } }
+
+// credentials reads the files into TLS transport credentials.
+func (f TLSFiles) credentials() (credentials.TransportCredentials, error) {
+	if (f.CertFile == "") != (f.KeyFile == "") {
+		return nil, errors.New("context-sidecar: TLSFiles.CertFile and KeyFile go together: give both (mTLS) or neither")
+	}
+	ca, err := os.ReadFile(f.CAFile)
+	if err != nil {
+		return nil, fmt.Errorf("context-sidecar: TLSFiles.CAFile: %w", err)
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(ca) {
+		return nil, fmt.Errorf("context-sidecar: TLSFiles.CAFile: %s holds no PEM certificate", f.CAFile)
+	}
+	config := &tls.Config{RootCAs: roots}
+	if f.CertFile != "" {
+		pair, err := tls.LoadX509KeyPair(f.CertFile, f.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("context-sidecar: TLSFiles.CertFile / KeyFile: %s and %s are not a PEM "+
+				"certificate chain and its private key: %w", f.CertFile, f.KeyFile, err)
+		}
+		config.Certificates = []tls.Certificate{pair}
+	}
+	return credentials.NewTLS(config), nil
+}
+
 // WithDialOptions adds gRPC dial options, after the client's own (so that, for instance,
 // grpc.WithTransportCredentials replaces the default plaintext transport).
 func WithDialOptions(opts ...grpc.DialOption) Option {
@@ -62,14 +107,21 @@ func WithDialOptions(opts ...grpc.DialOption) Option {
 
 // Dial returns a client of the sidecar at target ("host:port" or "unix:///path"). Like
 // grpc.NewClient it does not connect yet: the first call does. The transport is plaintext, as
-// the sidecar serves it (loopback or a Unix socket only, unless told otherwise).
+// the sidecar serves it by default (loopback or a Unix socket), or TLS with WithTLS.
 func Dial(target string, opts ...Option) (*Client, error) {
 	o := options{timeout: DefaultTimeout}
 	for _, opt := range opts {
 		opt(&o)
 	}
+	transport := insecure.NewCredentials()
+	if o.tls != nil {
+		var err error
+		if transport, err = o.tls.credentials(); err != nil {
+			return nil, err
+		}
+	}
 	dial := []grpc.DialOption{
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithTransportCredentials(transport),
 		grpc.WithChainUnaryInterceptor(unaryInterceptor(o.timeout)),
 		grpc.WithChainStreamInterceptor(streamInterceptor),
 	}
@@ -97,9 +149,9 @@ func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]strin
 	return map[string]string{"authorization": "Bearer " + string(b)}, nil
 }
 
-// RequireTransportSecurity is false because the sidecar has no TLS of its own: it serves
-// plaintext on loopback or a Unix socket, and grpc-go refuses to send per-RPC credentials over
-// a plaintext connection unless they say they do not need a secure one.
+// RequireTransportSecurity is false because the sidecar serves plaintext on loopback or a Unix
+// socket unless [server.tls] is set, and grpc-go refuses to send per-RPC credentials over a
+// plaintext connection unless they say they do not need a secure one. Over TLS it is sent too.
 func (bearer) RequireTransportSecurity() bool { return false }
 
 func unaryInterceptor(timeout time.Duration) grpc.UnaryClientInterceptor {

@@ -60,6 +60,7 @@ func run(m *testing.M) (int, error) {
 		return 0, err
 	}
 	defer stop()
+	defer func() { stopTLSSidecars() }() // the TLS tests' sidecars, if they started
 	target = addr
 	// Example reads where the sidecar is, and its token, from the environment, as a host would.
 	if err := os.Setenv("SIDECAR_ADDRESS", addr); err != nil {
