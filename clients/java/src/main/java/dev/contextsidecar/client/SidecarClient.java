@@ -6,6 +6,7 @@ import dev.contextsidecar.v1.ContextSidecarGrpc.ContextSidecarFutureStub;
 import dev.contextsidecar.v1.ContextSidecarGrpc.ContextSidecarStub;
 import io.grpc.CallOptions;
 import io.grpc.Channel;
+import io.grpc.ChannelCredentials;
 import io.grpc.ClientCall;
 import io.grpc.ClientInterceptor;
 import io.grpc.ClientInterceptors;
@@ -33,7 +34,7 @@ import java.util.function.Function;
  * default deadline: a watch runs until the caller cancels it.
  *
  * <pre>{@code
- * try (SidecarClient client = SidecarClient.builder().target("127.0.0.1:50051").token(token).build()) {
+ * try (SidecarClient client = SidecarClient.builder("127.0.0.1:50051").token(token).build()) {
  *   AssembleContextResponse turn = client.call(s -> s.assembleContext(request));
  * }
  * }</pre>
@@ -63,6 +64,11 @@ public final class SidecarClient implements AutoCloseable {
 
   public static Builder builder() {
     return new Builder();
+  }
+
+  /** {@code builder().target(target)}. */
+  public static Builder builder(String target) {
+    return new Builder().target(target);
   }
 
   /** The blocking stub; failures throw {@link StatusRuntimeException}. */
@@ -115,13 +121,15 @@ public final class SidecarClient implements AutoCloseable {
   public static final class Builder {
     private String target;
     private String token;
+    private TlsFiles tls;
     private Duration deadline = Duration.ofSeconds(30);
 
     private Builder() {}
 
     /**
      * Where the sidecar listens: {@code "127.0.0.1:50051"} or {@code "unix:///abs/path.sock"}.
-     * The sidecar has no TLS of its own (loopback or a unix socket), so the channel is plaintext.
+     * The channel is plaintext, as the sidecar serves by default (loopback or a unix socket),
+     * unless {@link #tls} is given.
      */
     public Builder target(String target) {
       this.target = Objects.requireNonNull(target, "target");
@@ -140,6 +148,16 @@ public final class SidecarClient implements AutoCloseable {
       return this;
     }
 
+    /**
+     * TLS to a sidecar serving {@code [server.tls]}: trusting {@link TlsFiles#caFile()}, and
+     * presenting the client certificate under mTLS. The sidecar's certificate must name the
+     * target's host. {@link #build} reads the files. null: plaintext.
+     */
+    public Builder tls(TlsFiles tls) {
+      this.tls = tls;
+      return this;
+    }
+
     /** The deadline of each unary call that sets none itself. */
     public Builder deadline(Duration deadline) {
       if (deadline.isNegative() || deadline.isZero()) {
@@ -149,11 +167,17 @@ public final class SidecarClient implements AutoCloseable {
       return this;
     }
 
+    /**
+     * The client; its channel connects at the first call.
+     *
+     * @throws IllegalArgumentException when a {@link #tls} file cannot be read or used (named)
+     */
     public SidecarClient build() {
       Objects.requireNonNull(target, "target");
+      ChannelCredentials credentials = tls == null ? InsecureChannelCredentials.create() : tls.credentials();
       // Grpc.newChannelBuilder, not ManagedChannelBuilder.forTarget: it picks the transport by
       // the target's address type, so "unix://" gets netty's domain-socket channel.
-      ManagedChannelBuilder<?> channel = Grpc.newChannelBuilder(target, InsecureChannelCredentials.create());
+      ManagedChannelBuilder<?> channel = Grpc.newChannelBuilder(target, credentials);
       if (target.startsWith("unix:") && channel instanceof NettyChannelBuilder netty) {
         // grpc sets TCP keepalive on every netty channel; a unix socket has none, and netty
         // would log a warning for each connection (grpc-java issue 10408). null unsets it.
@@ -164,8 +188,8 @@ public final class SidecarClient implements AutoCloseable {
   }
 
   // An interceptor rather than CallCredentials: the token is one fixed header naming a tenant,
-  // sent over the plaintext loopback channel the sidecar offers, where the auth library's
-  // token credentials refuse to send anything (they require a secure channel).
+  // sent over TLS and over the plaintext loopback channel the sidecar offers by default, where
+  // the auth library's token credentials refuse to send anything (they require a secure channel).
   private static final class BearerToken implements ClientInterceptor {
     private final String value;
 

@@ -149,7 +149,7 @@ class ErrorsTest {
     }
   }
 
-  private static String token() {
+  static String token() {
     byte[] bytes = new byte[24];
     new SecureRandom().nextBytes(bytes);
     return HexFormat.of().formatHex(bytes);

@@ -33,14 +33,11 @@ final class SidecarProcess implements AutoCloseable {
 
   private SidecarProcess(Path dir, String listen, List<String> flags) throws IOException {
     this.dir = dir;
-    String python = System.getenv().getOrDefault("SIDECAR_PYTHON", "python");
-    List<String> command = new ArrayList<>(List.of(python, "-m", "sidecar", "serve",
+    List<String> command = new ArrayList<>(List.of(python(), "-m", "sidecar", "serve",
         "--listen", listen, "--storage-path", dir.resolve("data").toString(),
         "--log-level", "WARNING"));
     command.addAll(flags);
-    // The repository root, so that `-m sidecar` resolves without an installed package.
-    Path root = Path.of(System.getProperty("sidecar.repoRoot", "../..")).toAbsolutePath().normalize();
-    this.process = new ProcessBuilder(command).directory(root.toFile()).start();
+    this.process = new ProcessBuilder(command).directory(repositoryRoot().toFile()).start();
     drain(process.getErrorStream(), stderr);
     this.target = awaitReady();
   }
@@ -59,6 +56,29 @@ final class SidecarProcess implements AutoCloseable {
     Path config = Files.writeString(dir.resolve("sidecar.toml"), toml);
     return new SidecarProcess(dir, "unix://" + dir.resolve("sidecar.sock"),
         List.of("--config", config.toString()));
+  }
+
+  /**
+   * Writes a fresh CA and its certificates into {@code folder} with {@code python -m
+   * tests.certificates} (as every suite's TLS tests do): ca.pem, server.pem/.key,
+   * client.pem/.key, other-ca.pem, other-client.pem/.key, ...
+   */
+  static void makeCertificates(Path folder) throws IOException, InterruptedException {
+    Process made = new ProcessBuilder(python(), "-m", "tests.certificates", folder.toString())
+        .directory(repositoryRoot().toFile()).redirectErrorStream(true).start();
+    String output = new String(made.getInputStream().readAllBytes(), StandardCharsets.UTF_8);
+    if (made.waitFor() != 0) {
+      throw new IOException("python -m tests.certificates failed:\n" + output);
+    }
+  }
+
+  private static String python() {
+    return System.getenv().getOrDefault("SIDECAR_PYTHON", "python");
+  }
+
+  /** The repository root, so that {@code -m sidecar} resolves without an installed package. */
+  private static Path repositoryRoot() {
+    return Path.of(System.getProperty("sidecar.repoRoot", "../..")).toAbsolutePath().normalize();
   }
 
   String target() {
