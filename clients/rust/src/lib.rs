@@ -16,10 +16,11 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use tonic::metadata::MetadataValue;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic::{Code, Request, Status};
 use tonic_types::StatusExt;
 
@@ -111,6 +112,109 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
+/// The PEM files of a TLS connection to a sidecar that serves `[server.tls]`, for [`Client::tls`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// The CA certificate(s) the sidecar's certificate must be signed by.
+    pub ca_file: PathBuf,
+    /// The client's certificate chain, for a sidecar that requires one (mTLS); with `key_file`.
+    pub cert_file: Option<PathBuf>,
+    /// The private key of `cert_file` (PKCS#8 or SEC1, unencrypted).
+    pub key_file: Option<PathBuf>,
+}
+
+/// TLS files that cannot be used: the message names the file and what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsError(String);
+
+impl fmt::Display for TlsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for TlsError {}
+
+impl TlsFiles {
+    /// The files given, for an error that cannot tell which one it was.
+    fn named(&self) -> String {
+        [
+            Some(&self.ca_file),
+            self.cert_file.as_ref(),
+            self.key_file.as_ref(),
+        ]
+        .into_iter()
+        .flatten()
+        .map(|file| file.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+    }
+
+    /// tonic's TLS configuration, the files read now (the first call would otherwise find a bad
+    /// one, as UNAVAILABLE like an unreachable sidecar).
+    fn config(&self) -> Result<ClientTlsConfig, TlsError> {
+        fn read(option: &str, file: &Path) -> Result<Vec<u8>, TlsError> {
+            std::fs::read(file).map_err(|error| {
+                TlsError(format!(
+                    "tls {option}: cannot read {}: {error}",
+                    file.display()
+                ))
+            })
+        }
+        let ca = read("ca_file", &self.ca_file)?;
+        // An empty trust store is no error to rustls: every handshake would fail instead.
+        if !String::from_utf8_lossy(&ca).contains("-----BEGIN CERTIFICATE-----") {
+            return Err(TlsError(format!(
+                "tls ca_file: {} holds no PEM certificate",
+                self.ca_file.display()
+            )));
+        }
+        let config = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca));
+        match (&self.cert_file, &self.key_file) {
+            (None, None) => Ok(config),
+            (Some(cert_file), Some(key_file)) => Ok(config.identity(Identity::from_pem(
+                read("cert_file", cert_file)?,
+                read("key_file", key_file)?,
+            ))),
+            _ => Err(TlsError(
+                "tls cert_file and key_file go together: give both (mTLS) or neither".into(),
+            )),
+        }
+    }
+}
+
+/// An error and its causes, each after a colon: tonic's own says only "transport error".
+fn causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(inner) = cause {
+        text = format!("{text}: {inner}");
+        cause = inner.source();
+    }
+    text
+}
+
+/// A status tonic made of the connection failing under the call (its source is the transport's
+/// error, and no deadline passed), not one the sidecar sent, as UNAVAILABLE: the call got no
+/// answer, which is what the other clients and gRPC call it. tonic says CANCELLED or UNKNOWN when
+/// the server closes the connection, as a TLS 1.3 server does after the handshake when it refuses
+/// the client's certificate; the causes then say why.
+fn unanswered(status: Status) -> Status {
+    let Some(source) = std::error::Error::source(&status) else {
+        return status;
+    };
+    let mut timed_out = false;
+    let mut cause = Some(source);
+    while let Some(error) = cause {
+        timed_out |= error.is::<tonic::TimeoutExpired>();
+        cause = error.source();
+    }
+    if timed_out || !matches!(status.code(), Code::Cancelled | Code::Unknown) {
+        return status;
+    }
+    Status::unavailable(causes(source))
+}
+
 /// The pause before retry number `retry` (1-based) of a failed attempt, or None: give up.
 /// Only UNAVAILABLE is retried, and never past the call's deadline.
 fn pause_before_retry(
@@ -130,6 +234,8 @@ fn pause_before_retry(
 /// A client of one sidecar. Cheap to clone: clones share the channel, which reconnects by itself.
 #[derive(Clone)]
 pub struct Client {
+    /// Where `connect` was pointed (None: `with_channel`), for `tls` to point the channel again.
+    endpoint: Option<Endpoint>,
     stub: ContextSidecarClient<Channel>,
     health: HealthClient<Channel>,
     authorization: Option<MetadataValue<tonic::metadata::Ascii>>,
@@ -147,12 +253,49 @@ impl Client {
             target = format!("http://{target}");
         }
         let endpoint = Endpoint::from_shared(target)?;
-        Ok(Self::with_channel(endpoint.connect_lazy()))
+        Ok(Client {
+            endpoint: Some(endpoint.clone()),
+            ..Self::with_channel(endpoint.connect_lazy())
+        })
+    }
+
+    /// TLS to a sidecar serving `[server.tls]`, for a client made by [`Client::connect`] (before
+    /// its first call): trusting `files.ca_file`, and presenting `files.cert_file` under mTLS. The
+    /// sidecar's certificate must name the target's host. The files are read now: an error names
+    /// the one that cannot be read or used (a key that is not the certificate's, too).
+    pub fn tls(self, files: TlsFiles) -> Result<Self, TlsError> {
+        let endpoint = self.endpoint.as_ref().ok_or_else(|| {
+            TlsError("tls: this client's channel is the host's own; give it TLS there".into())
+        })?;
+        let config = files.config()?;
+        // tonic speaks TLS to https:// URIs only.
+        let uri = endpoint.uri();
+        let https = Endpoint::from_shared(format!(
+            "https://{}{}",
+            uri.authority().map_or("", |authority| authority.as_str()),
+            uri.path()
+        ))
+        .and_then(|endpoint| endpoint.tls_config(config))
+        .map_err(|error| {
+            TlsError(format!(
+                "tls: {} cannot be used: {}",
+                files.named(),
+                causes(&error)
+            ))
+        })?;
+        let channel = https.connect_lazy();
+        Ok(Client {
+            endpoint: Some(https),
+            stub: ContextSidecarClient::new(channel.clone()),
+            health: HealthClient::new(channel),
+            ..self
+        })
     }
 
     /// A client over a channel the host configured itself (TLS, its own timeouts).
     pub fn with_channel(channel: Channel) -> Self {
         Client {
+            endpoint: None,
             stub: ContextSidecarClient::new(channel.clone()),
             health: HealthClient::new(channel),
             authorization: None,
@@ -228,7 +371,7 @@ impl Client {
             }
             let status = match tokio::time::timeout(remaining, attempt(grpc_request)).await {
                 Ok(Ok(response)) => return Ok(response.into_inner()),
-                Ok(Err(status)) => status,
+                Ok(Err(status)) => unanswered(status),
                 Err(_) => Status::deadline_exceeded("the call's deadline passed"),
             };
             retry += 1;
@@ -302,6 +445,26 @@ rpcs! {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_call_the_connection_failed_under_is_unavailable_and_a_deadline_stays_what_it_was() {
+        let closed = Status::from_error(Box::new(std::io::Error::other("connection closed")));
+        assert_eq!(closed.code(), Code::Unknown);
+        let unanswered_closed = unanswered(closed);
+        assert_eq!(unanswered_closed.code(), Code::Unavailable);
+        assert_eq!(unanswered_closed.message(), "connection closed");
+        let timed_out = Status::from_error(Box::new(tonic::TimeoutExpired(())));
+        assert_eq!(unanswered(timed_out).code(), Code::Cancelled);
+        // What the sidecar itself answered (no transport error under it) is kept as it is.
+        assert_eq!(
+            unanswered(Status::cancelled("draining")).code(),
+            Code::Cancelled
+        );
+        assert_eq!(
+            unanswered(Status::unknown("said the server")).code(),
+            Code::Unknown
+        );
+    }
 
     #[test]
     fn only_unavailable_is_retried_within_the_retries_and_the_deadline() {

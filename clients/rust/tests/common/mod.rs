@@ -2,6 +2,9 @@
 //! in ./dev.sh test) run from the repository root on a free loopback port, storing in a fresh
 //! temporary directory; killed when the handle is dropped.
 
+// Each test crate compiles this module and uses a part of it.
+#![allow(dead_code)]
+
 use std::io::{BufRead, BufReader, Read};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -24,6 +27,11 @@ impl Sidecar {
 
     /// A sidecar whose tenants are `(id, token)`: every call must then carry a tenant's token.
     pub fn with_tenants(tenants: &[(&str, &str)]) -> Sidecar {
+        Self::with_tenants_and(tenants, &[])
+    }
+
+    /// A sidecar with tenants, and `flags` after the common ones.
+    pub fn with_tenants_and(tenants: &[(&str, &str)], flags: &[&std::ffi::OsStr]) -> Sidecar {
         use sha2::{Digest, Sha256};
         let config = tenants
             .iter()
@@ -40,7 +48,7 @@ impl Sidecar {
             fastrand::u64(..)
         ));
         std::fs::write(&path, config).unwrap();
-        let sidecar = Self::start_with(&["--config".as_ref(), path.as_os_str()]);
+        let sidecar = Self::start_with(&[&["--config".as_ref(), path.as_os_str()], flags].concat());
         let _ = std::fs::remove_file(&path); // read once, at start
         sidecar
     }
@@ -99,6 +107,24 @@ impl Sidecar {
             }
         }
     }
+}
+
+/// Writes a fresh CA and its certificates into `folder` with `python -m tests.certificates`, as
+/// every suite's TLS tests do: ca.pem, server.pem/.key, client.pem/.key, other-ca.pem,
+/// other-client.pem/.key, ...
+pub fn make_certificates(folder: &std::path::Path) {
+    let repository = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let made = Command::new("python")
+        .args(["-m", "tests.certificates"])
+        .arg(folder)
+        .current_dir(repository)
+        .output()
+        .expect("cannot run the python on PATH");
+    assert!(
+        made.status.success(),
+        "python -m tests.certificates failed: {}",
+        String::from_utf8_lossy(&made.stderr)
+    );
 }
 
 impl Sidecar {
