@@ -79,9 +79,10 @@ def _group_problem(value: str) -> str:
 class ServerSettings:
     listen: str = _option(
         "127.0.0.1:50051",
-        "where to listen: host:port (loopback unless allow_non_loopback) or unix:///absolute/path")
-    allow_non_loopback: bool = _option(
-        False, "allow listening on a non-loopback TCP address (the sidecar has no TLS of its own)")
+        "where to listen: host:port (beyond loopback: with [server.tls], or insecure) or unix:///absolute/path")
+    insecure: bool = _option(
+        False, "allow plaintext gRPC on a non-loopback TCP address, without [server.tls] (behind a proxy or "
+        "mesh that adds TLS)", former_name="allow_non_loopback")
     drain_seconds: float = _option(
         10.0, "on SIGTERM, how long in-flight calls may take to finish; then they are cancelled and the "
         "process exits", former_name="grace_seconds")
@@ -576,7 +577,7 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _check_listen(server: ServerSettings, tenants_configured: bool) -> None:
+def _check_listen(server: ServerSettings, tls: bool, tenants_configured: bool) -> None:
     listen = server.listen
     for key in ("unix_socket_mode", "unix_socket_group"):
         if getattr(server, key) and not listen.startswith("unix:"):
@@ -589,10 +590,10 @@ def _check_listen(server: ServerSettings, tenants_configured: bool) -> None:
     if not port.isdigit() or int(port) > 65535:
         raise ConfigError(f"[server] listen: expected host:port or unix:///path, got {listen!r}")
     loopback = is_loopback(host)
-    if not loopback and not server.allow_non_loopback:
+    if not loopback and not tls and not server.insecure:
         raise ConfigError(
-            f"[server] listen: {listen!r} is not a loopback address; the sidecar has no TLS, so it "
-            "listens beyond this machine only with [server] allow_non_loopback = true")
+            f"[server] listen: {listen!r} is not a loopback address; beyond this machine the sidecar listens "
+            "with TLS ([server.tls] cert_file and key_file), or in plaintext only with [server] insecure = true")
     if not loopback and not tenants_configured:
         raise ConfigError(
             f"[server] listen: {listen!r} is not a loopback address, and with no [[auth.tenants]] every "
@@ -644,8 +645,8 @@ def _check_tls(tls: ServerTlsSettings) -> None:
 
 
 def _check_relations(settings: Settings) -> None:
-    _check_listen(settings.server, bool(settings.auth.tenants))
     _check_tls(settings.server_tls)
+    _check_listen(settings.server, settings.server_tls.enabled, bool(settings.auth.tenants))
     if settings.tracing.exporter == "console" and settings.tracing.otlp_endpoint:
         raise ConfigError("[tracing] otlp_endpoint: set while [tracing] exporter is console; spans go to one of them")
     _check_metrics_listen(settings.metrics)

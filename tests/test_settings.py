@@ -125,16 +125,31 @@ token_sha256 = "%s"
 """ % ("a" * 64)
 
 
-def test_non_loopback_needs_an_explicit_allowance_and_tenants(tmp_path: Path) -> None:
+def test_non_loopback_needs_tls_or_insecure_and_tenants(tmp_path: Path) -> None:
     env = {"CONTEXT_SIDECAR_SERVER_LISTEN": "0.0.0.0:50051"}
-    with pytest.raises(ConfigError, match="allow_non_loopback"):
-        load_settings(env=env)
-    env["CONTEXT_SIDECAR_SERVER_ALLOW_NON_LOOPBACK"] = "true"
-    with pytest.raises(ConfigError, match="auth.tenants"):
-        load_settings(env=env)
-    settings = load_settings(write(tmp_path, TENANTS), env=env)
-    assert settings.server.listen == "0.0.0.0:50051"
-    assert [(t.tenant_id, t.token_sha256) for t in settings.auth.tenants] == [("acme", "a" * 64)]
+    with pytest.raises(ConfigError, match="\\[server\\] listen: '0.0.0.0:50051' is not a loopback address.*"
+                                          "\\[server.tls\\] cert_file and key_file.*\\[server\\] insecure = true"):
+        load_settings(write(tmp_path, TENANTS), env=env)
+    tls = {"CONTEXT_SIDECAR_SERVER_TLS_CERT_FILE": "server.pem", "CONTEXT_SIDECAR_SERVER_TLS_KEY_FILE": "server.key"}
+    for allowance in ({"CONTEXT_SIDECAR_SERVER_INSECURE": "true"}, tls):
+        with pytest.raises(ConfigError, match="auth.tenants"):  # bearer tokens name the tenant, TLS or not
+            load_settings(env=env | allowance)
+        settings = load_settings(write(tmp_path, TENANTS), env=env | allowance)
+        assert settings.server.listen == "0.0.0.0:50051"
+        assert settings.server.insecure is ("CONTEXT_SIDECAR_SERVER_INSECURE" in allowance)
+        assert [(t.tenant_id, t.token_sha256) for t in settings.auth.tenants] == [("acme", "a" * 64)]
+
+
+def test_insecure_is_still_read_under_its_former_name(tmp_path: Path) -> None:
+    """[server] allow_non_loopback became insecure: a file, variable or flag written for the old
+    name keeps its value ([metrics] allow_non_loopback is another setting, unchanged)."""
+    listen = {"CONTEXT_SIDECAR_SERVER_LISTEN": "0.0.0.0:50051"}
+    config = write(tmp_path, "[server]\nallow_non_loopback = true\n" + TENANTS)
+    assert load_settings(config, env=listen).server.insecure is True
+    assert load_settings(write(tmp_path, TENANTS), env=listen | {
+        "CONTEXT_SIDECAR_SERVER_ALLOW_NON_LOOPBACK": "1"}).server.insecure is True
+    assert load_settings(env={}).server.insecure is False
+    assert load_settings(env={"CONTEXT_SIDECAR_METRICS_ALLOW_NON_LOOPBACK": "1"}).metrics.allow_non_loopback is True
 
 
 @pytest.mark.parametrize("text, expected", [
