@@ -7,13 +7,16 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from context_sidecar_client import ClientTls
+
 from sidecar.bench import report
 from sidecar.bench.progress import Progress
 from sidecar.bench.run import RENDERINGS, BenchError, BenchSettings, run_bench
 from sidecar.bench.workload import SIZES_GRAMMAR, Sizes
 
 # 0: measured, every call answered, every window within its budget; 1: no sidecar at the target,
-# a run refused, a failed call or an answer over budget; 2: the arguments (or --plot without matplotlib).
+# a run refused, a failed call or an answer over budget; 2: the arguments (a --tls-* file that cannot be used,
+# --plot without matplotlib).
 OK, FAILED, USAGE = 0, 1, 2
 INTERRUPTED = 130
 
@@ -47,10 +50,17 @@ def parser() -> argparse.ArgumentParser:
                     "budget, beside a health Check, the floor any RPC pays on this machine. Prints p50/p90/p99 "
                     "per RPC and each p50 over the floor's; the runs it opens are deleted afterwards.",
         epilog="Exit codes: 0 measured; 1 no sidecar at the target, a refused run, a failed call or an answer "
-               "over its budget; 2 bad arguments, or --plot without matplotlib (the 'plot' extra).")
+               "over its budget; 2 bad arguments (a --tls-* file that cannot be read), or --plot without matplotlib "
+               "(the 'plot' extra).")
     bench.add_argument("--target", default="127.0.0.1:50051",
                        help="the sidecar: HOST:PORT or unix:///path/to.sock; default: %(default)s")
     bench.add_argument("--token", help="the tenant's bearer token, when the sidecar has tenants")
+    bench.add_argument("--tls-ca-file", metavar="FILE",
+                       help="connect over TLS, trusting the CA certificates in FILE (PEM); any of the --tls-* "
+                            "flags turns TLS on, without this one trusting the system's roots")
+    bench.add_argument("--tls-cert-file", metavar="FILE",
+                       help="the client certificate (PEM) a sidecar with mTLS asks for; with --tls-key-file")
+    bench.add_argument("--tls-key-file", metavar="FILE", help="the private key of --tls-cert-file (PEM)")
     bench.add_argument("--turns", type=_positive, default=200, help="measured turns per run; default: %(default)s")
     bench.add_argument("--runs", type=_positive, help="runs, each a transcript of its own; default: --concurrency")
     bench.add_argument("--concurrency", type=_positive, default=1,
@@ -82,6 +92,13 @@ def _fail(message: str, code: int) -> int:
     return code
 
 
+def client_tls(args: argparse.Namespace) -> ClientTls | None:
+    """The --tls-* flags as the client's option (None: plaintext); the files are read now."""
+    if args.tls_ca_file is None and args.tls_cert_file is None and args.tls_key_file is None:
+        return None
+    return ClientTls(args.tls_ca_file, cert_file=args.tls_cert_file, key_file=args.tls_key_file)
+
+
 def main(argv: Sequence[str]) -> int:
     args = parser().parse_args(argv)
     for option, path in (("--json", args.json), ("--plot", args.plot)):
@@ -92,8 +109,12 @@ def main(argv: Sequence[str]) -> int:
             report.pyplot()  # before the run, not after it: a long bench is not lost to a missing extra
         except report.PlotUnavailable as error:
             return _fail(str(error), USAGE)
+    try:
+        tls = client_tls(args)
+    except (OSError, ValueError) as error:
+        return _fail(str(error), USAGE)
     settings = BenchSettings(
-        target=args.target, token=args.token, turns=args.turns, runs=args.runs or args.concurrency,
+        target=args.target, token=args.token, tls=tls, turns=args.turns, runs=args.runs or args.concurrency,
         concurrency=args.concurrency, warmup=args.warmup, budget=args.budget, counter=args.counter,
         render=args.render, result_tokens=args.result_tokens, seed=args.seed, timeout=args.timeout,
         keep_runs=args.keep_runs)

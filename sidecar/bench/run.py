@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
-from context_sidecar_client import Client, SidecarCallError
+from context_sidecar_client import Client, ClientTls, SidecarCallError
 
 from sidecar.bench.workload import Event, Sizes, agent_turns
 
@@ -39,6 +39,7 @@ class BenchError(Exception):
 class BenchSettings:
     target: str = "127.0.0.1:50051"
     token: str | None = None
+    tls: ClientTls | None = None
     turns: int = 200
     runs: int = 1
     concurrency: int = 1
@@ -53,10 +54,17 @@ class BenchSettings:
 
     def public(self) -> dict[str, Any]:
         """The settings as the report shows them: everything but the token."""
-        return {"target": self.target, "tenant_token": self.token is not None, "turns": self.turns,
+        return {"target": self.target, "tenant_token": self.token is not None, **self._tls(), "turns": self.turns,
                 "runs": self.runs, "concurrency": self.concurrency, "warmup": self.warmup, "budget": self.budget,
                 "counter": self.counter, "render": self.render, "result_tokens": str(self.result_tokens),
                 "seed": self.seed, "timeout": self.timeout, "keep_runs": self.keep_runs}
+
+    def _tls(self) -> dict[str, Any]:
+        """Over TLS, ``tls``: the files' paths (nothing of what they hold); plaintext: nothing."""
+        if self.tls is None:
+            return {}
+        return {"tls": {name: None if path is None else os.fspath(path)
+                        for name, path in (("ca_file", self.tls.ca_file), ("cert_file", self.tls.cert_file))}}
 
 
 @dataclass
@@ -215,7 +223,7 @@ def run_bench(settings: BenchSettings, progress: Callable[[str, int], Callable[[
     ``done()`` closes it. KeyboardInterrupt stops the runs and returns what was measured,
     ``interrupted`` set."""
     outcome = Outcome(settings, datetime.now(UTC).isoformat(timespec="seconds"))
-    client = Client(settings.target, settings.token, timeout=settings.timeout, retries=0)
+    client = Client(settings.target, settings.token, timeout=settings.timeout, retries=0, tls=settings.tls)
     ticks: list[Callable[[], None]] = [lambda: None]
     driver = Driver(settings, client, lambda: ticks[0]())
     try:

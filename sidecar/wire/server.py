@@ -420,6 +420,9 @@ def serve(settings: Settings, ready: threading.Event | None = None, beside: Besi
     # and a second one with metrics on (the URL of /metrics, its port chosen likewise).
     # Under the JSON log format each is a JSON object with the address (url) in a field of its own.
     address = bound_address(settings.server.listen, port)
+    if certificates is not None:  # a line of its own: the serving line's form is what clients parse
+        log.info("TLS on, certificate %s%s", settings.server_tls.cert_file,
+                 "; client certificates required (mTLS)" if certificates.mutual else "")
     logs.say(f"context-sidecar serving on {address}", address=address)
     if endpoint:
         logs.say(f"context-sidecar metrics on {endpoint.url}", url=endpoint.url)

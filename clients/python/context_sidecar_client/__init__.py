@@ -18,6 +18,10 @@ UNAVAILABLE, up to ``retries`` times with a growing pause; nothing else is retri
 call raises ``SidecarCallError``, as the subclass of its gRPC code (``NotFoundError``,
 ``InvalidArgumentError``, ...: ``errors``), with the sidecar's reason, the bad fields and the
 ErrorInfo metadata.
+
+A sidecar with ``[server.tls]`` is reached with ``tls=ClientTls(ca_file, cert_file=None,
+key_file=None)``: the CA its certificate chains to, and under mTLS the client's certificate and
+key (``context_sidecar_client.tls``).
 """
 
 from context_sidecar_client.errors import (
@@ -41,10 +45,11 @@ from context_sidecar_client.errors import (
     UnknownError,
 )
 from context_sidecar_client.sync import Client, Watch
+from context_sidecar_client.tls import ClientTls
 
 __all__ = [
-    "AbortedError", "AlreadyExistsError", "CallCancelledError", "Client", "DataLossError", "DeadlineExceededError",
-    "FailedPreconditionError", "FieldViolation", "InternalError", "InvalidArgumentError", "NotFoundError",
-    "OutOfRangeError", "PermissionDeniedError", "ResourceExhaustedError", "SidecarCallError",
+    "AbortedError", "AlreadyExistsError", "CallCancelledError", "Client", "ClientTls", "DataLossError",
+    "DeadlineExceededError", "FailedPreconditionError", "FieldViolation", "InternalError", "InvalidArgumentError",
+    "NotFoundError", "OutOfRangeError", "PermissionDeniedError", "ResourceExhaustedError", "SidecarCallError",
     "UnauthenticatedError", "UnavailableError", "UnimplementedError", "UnknownError", "Watch",
 ]

@@ -32,6 +32,7 @@ from context_sidecar_client.calls import (
     retryable,
 )
 from context_sidecar_client.errors import call_error
+from context_sidecar_client.tls import ClientTls
 from context_sidecar_client.v1 import sidecar_pb2 as pb
 from context_sidecar_client.v1 import sidecar_pb2_grpc as pb_grpc
 
@@ -44,10 +45,16 @@ class AsyncClient:
     """Each method is ``Client``'s of the same name (its docstring says what the RPC does), awaited."""
 
     def __init__(self, target: str, token: str | None = None, *, timeout: float | None = DEFAULT_TIMEOUT,
-                 retries: int = DEFAULT_RETRIES, channel_options: tuple[tuple[str, Any], ...] = ()) -> None:
+                 retries: int = DEFAULT_RETRIES, channel_options: tuple[tuple[str, Any], ...] = (),
+                 tls: ClientTls | None = None) -> None:
         self._metadata = call_metadata(token)
         self._timeout, self._retries = timeout, retries
-        self._channel = grpc.aio.insecure_channel(target, options=[*CHANNEL_OPTIONS, *channel_options])
+        options = [*CHANNEL_OPTIONS, *channel_options]
+        if tls is None:
+            self._channel = grpc.aio.insecure_channel(target, options=options)
+        else:
+            self._channel = grpc.aio.secure_channel(target, tls.credentials(),
+                                                 options=tls.channel_options(target, options))
         self._stub = pb_grpc.ContextSidecarStub(self._channel)  # type: ignore[no-untyped-call]
         self._health_check = health_check(self._channel)
 

@@ -23,6 +23,7 @@ from context_sidecar_client.calls import (
     retryable,
 )
 from context_sidecar_client.errors import call_error
+from context_sidecar_client.tls import ClientTls
 from context_sidecar_client.v1 import sidecar_pb2 as pb
 from context_sidecar_client.v1 import sidecar_pb2_grpc as pb_grpc
 
@@ -35,13 +36,20 @@ class Client:
     """A blocking client: safe to share between threads (grpc's channel is)."""
 
     def __init__(self, target: str, token: str | None = None, *, timeout: float | None = DEFAULT_TIMEOUT,
-                 retries: int = DEFAULT_RETRIES, channel_options: tuple[tuple[str, Any], ...] = ()) -> None:
-        """``target``: "127.0.0.1:50051" or "unix:///path.sock" (the sidecar has no TLS of its own:
-        it listens on loopback or a unix socket). ``token``: the tenant's bearer token when the
-        sidecar has tenants. ``timeout``: seconds per call, None for no deadline."""
+                 retries: int = DEFAULT_RETRIES, channel_options: tuple[tuple[str, Any], ...] = (),
+                 tls: ClientTls | None = None) -> None:
+        """``target``: "127.0.0.1:50051", "sidecar.internal:50051" or "unix:///path.sock".
+        ``token``: the tenant's bearer token when the sidecar has tenants. ``timeout``: seconds per
+        call, None for no deadline. ``tls``: for a sidecar with ``[server.tls]``, the CA to trust
+        (and the client's certificate under mTLS); None: plaintext."""
         self._metadata = call_metadata(token)
         self._timeout, self._retries = timeout, retries
-        self._channel = grpc.insecure_channel(target, options=[*CHANNEL_OPTIONS, *channel_options])
+        options = [*CHANNEL_OPTIONS, *channel_options]
+        if tls is None:
+            self._channel = grpc.insecure_channel(target, options=options)
+        else:
+            self._channel = grpc.secure_channel(target, tls.credentials(),
+                                             options=tls.channel_options(target, options))
         self._stub = pb_grpc.ContextSidecarStub(self._channel)  # type: ignore[no-untyped-call]
         self._health_check = health_check(self._channel)
 
