@@ -280,6 +280,13 @@ class CallsDuringReload:
                 return
             self.calls[name] += 1
 
+    def wait_for_more(self, than: dict[str, int]) -> None:
+        """Until calls of both kinds were made since ``than`` was counted (or one failed)."""
+        deadline = time.monotonic() + HANG
+        while any(self.calls[name] <= than[name] for name in than) and not self.errors:
+            assert time.monotonic() < deadline, f"no calls made: {self.calls}"
+            time.sleep(0.02)
+
     def __enter__(self) -> CallsDuringReload:
         for thread in self._threads:
             thread.start()
@@ -305,7 +312,7 @@ def test_sighup_swaps_the_certificate_while_a_stream_stays_open(tmp_path: Path, 
         watch = watcher.watch_events(types=["memory.compacted"])  # opened before the reload
         try:
             with CallsDuringReload(sidecar.address, tls) as during:
-                time.sleep(0.3)  # calls of both kinds are made before the reload too
+                during.wait_for_more({name: 0 for name in during.calls})  # calls of both kinds before the reload
                 shutil.copyfile(certs.pem("server-renewed"), cert)
                 shutil.copyfile(certs.key("server-renewed"), key)
                 offset = len(sidecar.log())
@@ -313,17 +320,16 @@ def test_sighup_swaps_the_certificate_while_a_stream_stays_open(tmp_path: Path, 
                 wait_for_log(sidecar, f"TLS certificates reloaded from {cert}", offset)
                 # (a) a new connection is shown the renewed certificate
                 assert shown_certificate(sidecar.address, certs, "client") == RENEWED_NAME
-                before = dict(during.calls)
-                time.sleep(0.3)  # and calls of both kinds after it
+                during.wait_for_more(dict(during.calls))  # and after it
             # (c) every call made across the reload succeeded, on the open connection and on new ones
             assert during.errors == []
-            assert all(during.calls[name] > before[name] > 0 for name in during.calls), (before, during.calls)
             # (b) the stream opened before the reload delivers what is committed after it, written
             # over a new connection (the renewed certificate)
             with Client(sidecar.address, tls=tls, retries=0, timeout=HANG) as writer:
                 done = writer.compact_memory(memory_ref="mem:kettles", source_ids=["k0", "k1"],
                                              summary_text="Kettle facts.")
-            notice = next(watch)
+            notice = next(watch, None)
+            assert notice is not None, "the watch opened before the reload ended"
             assert notice.type == "memory.compacted" and done.compaction_id in notice.json
         finally:
             watch.cancel()
