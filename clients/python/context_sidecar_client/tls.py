@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import ssl
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,11 +54,11 @@ class ClientTls:
         ca, chain, key = self._read()
         return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=chain)
 
-    def channel_options(self, target: str, options: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    def channel_options(self, target: str, options: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]]:
         """``options`` with, for a unix socket target, the name its certificate is checked against."""
         if target.startswith("unix:") and all(name != NAME_OVERRIDE for name, _ in options):
             return [*options, (NAME_OVERRIDE, UNIX_SOCKET_SERVER_NAME)]
-        return options
+        return list(options)
 
     def _read(self) -> tuple[bytes | None, bytes | None, bytes | None]:
         ca, chain, key = (_read("ca_file", self.ca_file), _read("cert_file", self.cert_file),
