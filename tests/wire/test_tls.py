@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import shutil
 import signal
 import socket
@@ -442,9 +443,12 @@ def test_bench_connects_with_the_tls_flags(tmp_path: Path, certs: Certificates, 
     common = ["bench", "--target", sidecar.address, "--turns", "2", "--warmup", "0", "--progress", "off"]
     flags = ["--tls-ca-file", str(certs.ca), "--tls-cert-file", str(certs.pem("client")),
              "--tls-key-file", str(certs.key("client"))]
-    measured = run_cli(tmp_path, *common, *flags)
+    measured = run_cli(tmp_path, *common, *flags, "--json", str(tmp_path / "bench.json"))
     assert measured.returncode == 0, measured.stderr
     assert "AssembleContext" in measured.stdout
+    written = (tmp_path / "bench.json").read_text()
+    assert json.loads(written)["settings"]["tls"] == {"ca_file": str(certs.ca), "cert_file": str(certs.pem("client"))}
+    assert certs.key("client").read_text() not in written
     plain = run_cli(tmp_path, *common)
     assert plain.returncode == 1 and f"no sidecar answers at {sidecar.address}: UNAVAILABLE" in plain.stderr
     missing = run_cli(tmp_path, *common, "--tls-ca-file", str(tmp_path / "missing.pem"))
