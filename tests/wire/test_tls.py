@@ -371,6 +371,15 @@ def test_a_reload_with_unusable_files_keeps_the_certificate_in_use(tmp_path: Pat
     assert sidecar.process.poll() is None
 
 
+def test_sighup_without_tls_is_logged_and_never_stops_the_sidecar(tmp_path: Path, stopped: list[Sidecar]) -> None:
+    sidecar = Sidecar(tmp_path)
+    stopped.append(sidecar)
+    sidecar.process.send_signal(signal.SIGHUP)
+    wait_for_log(sidecar, "received SIGHUP: nothing to re-read without [server.tls]")
+    assert serving(sidecar.address, None)
+    assert sidecar.process.poll() is None
+
+
 # Starting with files that cannot be used.
 
 @pytest.mark.parametrize("files, message", [
