@@ -71,13 +71,13 @@ class ServerCertificates:
             context.load_cert_chain(tls.cert_file, tls.key_file)
         except ssl.SSLError as error:
             raise ConfigError(f"[server.tls] cert_file / key_file: {tls.cert_file} and {tls.key_file} are not a "
-                              f"PEM certificate chain and its private key ({error.reason})") from None
+                              f"PEM certificate chain and its private key ({_why(error)})") from None
         if client_ca is not None:
             try:
                 context.load_verify_locations(cadata=client_ca.decode("ascii", "replace"))
-            except ssl.SSLError as error:
+            except (ssl.SSLError, ValueError) as error:  # ValueError: no certificate at all (an empty file)
                 raise ConfigError(f"[server.tls] client_ca_file: {tls.client_ca_file} holds no PEM CA "
-                                  f"certificate ({error.reason})") from None
+                                  f"certificate ({_why(error)})") from None
         return grpc.ssl_server_certificate_configuration([(key, chain)], root_certificates=client_ca)
 
 
@@ -87,3 +87,8 @@ def _read_file(key: str, path: str) -> bytes:
             return file.read()
     except OSError as error:
         raise ConfigError(f"[server.tls] {key}: cannot read {path}: {error.strerror}") from None
+
+
+def _why(error: Exception) -> str:
+    """What the standard library's TLS said: OpenSSL's reason when it gave one."""
+    return getattr(error, "reason", None) or str(error)

@@ -346,28 +346,38 @@ def test_sighup_swaps_the_certificate_while_a_stream_stays_open(tmp_path: Path, 
     assert sidecar.process.poll() is None  # SIGHUP never stops it
 
 
-@pytest.mark.parametrize("replacement", ["garbage key", "mismatched key", "missing key"])
+@pytest.mark.parametrize("replacement", ["garbage key", "mismatched key", "missing key", "empty certificate",
+                                         "empty client CA"])
 def test_a_reload_with_unusable_files_keeps_the_certificate_in_use(tmp_path: Path, certs: Path,
                                                                    replacement: str,
                                                                    stopped: list[Sidecar]) -> None:
     cert, key = live_files(tmp_path, certs)
-    sidecar = Sidecar(tmp_path, *tls_flags(cert, key))
+    client_ca = tmp_path / "live" / "ca.pem"
+    shutil.copyfile(certs / "ca.pem", client_ca)
+    sidecar = Sidecar(tmp_path, *tls_flags(cert, key, client_ca))
     stopped.append(sidecar)
     shutil.copyfile(certs / "server-renewed.pem", cert)
+    shutil.copyfile(certs / "server-renewed.key", key)
+    expected = f"cert_file / key_file: {cert} and {key} are not a PEM certificate chain and its private key"
     if replacement == "garbage key":
         key.write_text("-----BEGIN PRIVATE KEY-----\nnot a key\n-----END PRIVATE KEY-----\n")
+    elif replacement == "mismatched key":  # the renewed certificate beside the old certificate's key
+        shutil.copyfile(certs / "server.key", key)
     elif replacement == "missing key":
         key.unlink()
-    # "mismatched key": the renewed certificate beside the old certificate's key
+        expected = f"key_file: cannot read {key}"
+    elif replacement == "empty certificate":  # caught half-written
+        cert.write_bytes(b"")
+    else:
+        client_ca.write_bytes(b"")
+        expected = f"client_ca_file: {client_ca} holds no PEM CA certificate"
     offset = len(sidecar.log())
     sidecar.process.send_signal(signal.SIGHUP)
     said = wait_for_log(sidecar, "TLS certificates not reloaded, the ones in use stay: [server.tls] ", offset)
-    expected = (f"key_file: cannot read {key}" if replacement == "missing key" else
-                f"cert_file / key_file: {cert} and {key} are not a PEM certificate chain and its private key")
     assert expected in said
     assert "TLS certificates reloaded" not in said
-    assert shown_certificate(sidecar.address, certs) == SERVER_NAME
-    assert serving(sidecar.address, trusted(certs, None))
+    assert shown_certificate(sidecar.address, certs, "client") == SERVER_NAME
+    assert serving(sidecar.address, trusted(certs))
     assert sidecar.process.poll() is None
 
 
@@ -388,6 +398,9 @@ def test_sighup_without_tls_is_logged_and_never_stops_the_sidecar(tmp_path: Path
      "[server.tls] cert_file / key_file: {folder}/server.pem and {folder}/server-renewed.key are not a PEM "
      "certificate chain and its private key"),
     (("server.pem", "server.key", "server.key"), "[server.tls] client_ca_file: {folder}/server.key holds no PEM CA"),
+    (("server.pem", "server.key", "/dev/null"), "[server.tls] client_ca_file: /dev/null holds no PEM CA"),
+    (("/dev/null", "server.key", None), "[server.tls] cert_file / key_file: /dev/null and {folder}/server.key are "
+                                        "not a PEM certificate chain and its private key"),
     (("server.pem", "", None), "[server.tls] key_file: required with [server.tls] cert_file"),
 ])
 def test_unusable_files_at_start_exit_2_naming_the_key(tmp_path: Path, certs: Path,
@@ -423,8 +436,9 @@ def test_the_clients_option_reads_its_files_when_made(certs: Path) -> None:
         ClientTls(certs / "ca.pem", cert_file=certs / "client.pem")
     with pytest.raises(ValueError, match="ClientTls: cert_file is required with key_file"):
         ClientTls(certs / "ca.pem", key_file=certs / "client.key")
-    with pytest.raises(ValueError, match="ClientTls ca_file: .* holds no PEM CA certificate"):
-        ClientTls(certs / "client.key")
+    for no_ca in (certs / "client.key", Path("/dev/null")):
+        with pytest.raises(ValueError, match="ClientTls ca_file: .* holds no PEM CA certificate"):
+            ClientTls(no_ca)
     with pytest.raises(ValueError, match="ClientTls cert_file / key_file: .* are not a PEM certificate chain"):
         ClientTls(certs / "ca.pem", cert_file=certs / "client.pem", key_file=certs / "other-client.key")
     assert ClientTls(None) == ClientTls(None, None, None)  # the system's roots

@@ -69,15 +69,15 @@ class ClientTls:
         if ca is not None:
             try:
                 context.load_verify_locations(cadata=ca.decode("ascii", "replace"))
-            except ssl.SSLError as error:
+            except (ssl.SSLError, ValueError) as error:  # ValueError: no certificate at all (an empty file)
                 raise ValueError(f"ClientTls ca_file: {self.ca_file} holds no PEM CA certificate "
-                                 f"({error.reason})") from None
+                                 f"({_why(error)})") from None
         if self.cert_file is not None and self.key_file is not None:
             try:
                 context.load_cert_chain(self.cert_file, self.key_file)
             except ssl.SSLError as error:
                 raise ValueError(f"ClientTls cert_file / key_file: {self.cert_file} and {self.key_file} are not a "
-                                 f"PEM certificate chain and its private key ({error.reason})") from None
+                                 f"PEM certificate chain and its private key ({_why(error)})") from None
         return ca, chain, key
 
 
@@ -91,3 +91,8 @@ def _read(option: str, path: FilePath | None) -> bytes | None:
         # The same OSError subclass (FileNotFoundError, PermissionError, ...), naming the option.
         raise type(error)(error.errno, f"ClientTls {option}: cannot read {os.fspath(path)} "
                                        f"({error.strerror})") from None
+
+
+def _why(error: Exception) -> str:
+    """What the standard library's TLS said: OpenSSL's reason when it gave one."""
+    return getattr(error, "reason", None) or str(error)
