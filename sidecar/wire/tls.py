@@ -68,10 +68,13 @@ class ServerCertificates:
         # standard library's TLS reads them the same way now, so the error names the file.
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         try:
-            context.load_cert_chain(tls.cert_file, tls.key_file)
+            context.load_cert_chain(tls.cert_file, tls.key_file)  # opens the files again, by their paths
         except ssl.SSLError as error:
             raise ConfigError(f"[server.tls] cert_file / key_file: {tls.cert_file} and {tls.key_file} are not a "
                               f"PEM certificate chain and its private key ({_why(error)})") from None
+        except OSError as error:  # replaced since read: a renewal caught between its writes
+            raise ConfigError(f"[server.tls] cert_file / key_file: cannot read {tls.cert_file} and {tls.key_file}: "
+                              f"{error.strerror}") from None
         if client_ca is not None:
             try:
                 context.load_verify_locations(cadata=client_ca.decode("ascii", "replace"))

@@ -32,6 +32,9 @@ from context_sidecar_client.aio import AsyncClient
 from context_sidecar_client.v1 import sidecar_pb2 as pb
 from context_sidecar_client.wire_pb2 import HealthCheckResponse
 
+from sidecar.settings import load_settings
+from sidecar.wire import tls as tls_module
+from sidecar.wire.tls import ServerCertificates
 from tests.helpers import ROOT, TOKENS, Sidecar, run_cli
 
 SERVER_NAME, RENEWED_NAME = "sidecar server", "sidecar server, renewed"  # the two certificates' common names
@@ -461,3 +464,24 @@ def test_bench_connects_with_the_tls_flags(tmp_path: Path, certs: Path, stopped:
     assert plain.returncode == 1 and f"no sidecar answers at {sidecar.address}: UNAVAILABLE" in plain.stderr
     missing = run_cli(tmp_path, *common, "--tls-ca-file", str(tmp_path / "missing.pem"))
     assert missing.returncode == 2 and "ClientTls ca_file: cannot read" in missing.stderr
+
+
+def test_a_file_replaced_while_a_reload_reads_it_keeps_the_certificate_in_use(
+        tmp_path: Path, certs: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A renewal racing the reload: the key is gone between the read and the check. The reload is
+    the SIGHUP handler's, so an exception escaping it would end the serving process."""
+    cert, key = live_files(tmp_path, certs)
+    certificates = ServerCertificates(load_settings(env={}, overrides={
+        ("server.tls", "cert_file"): str(cert), ("server.tls", "key_file"): str(key)}).server_tls)
+    read = tls_module._read_file
+
+    def read_then_replaced(option: str, path: str) -> bytes:
+        content = read(option, path)
+        if option == "key_file":
+            Path(path).unlink()  # the renewal's rename has not landed yet
+        return content
+
+    monkeypatch.setattr(tls_module, "_read_file", read_then_replaced)
+    assert certificates.reload() is False
+    assert ("TLS certificates not reloaded, the ones in use stay: [server.tls] cert_file / key_file: cannot read "
+            f"{cert} and {key}: No such file or directory") in caplog.text
