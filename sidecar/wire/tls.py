@@ -81,6 +81,11 @@ class ServerCertificates:
             except (ssl.SSLError, ValueError) as error:  # ValueError: no certificate at all (an empty file)
                 raise ConfigError(f"[server.tls] client_ca_file: {tls.client_ca_file} holds no PEM CA "
                                   f"certificate ({_why(error)})") from None
+        # The check read the files by their paths: gRPC gets the bytes read before it only if they
+        # are still what the files hold (not a renewal's certificate beside the old key).
+        if (_read_file("cert_file", tls.cert_file), _read_file("key_file", tls.key_file)) != (chain, key):
+            raise ConfigError(f"[server.tls] cert_file / key_file: {tls.cert_file} and {tls.key_file} changed while "
+                              "they were read; send SIGHUP again once both are written")
         return grpc.ssl_server_certificate_configuration([(key, chain)], root_certificates=client_ca)
 
 

@@ -485,3 +485,27 @@ def test_a_file_replaced_while_a_reload_reads_it_keeps_the_certificate_in_use(
     assert certificates.reload() is False
     assert ("TLS certificates not reloaded, the ones in use stay: [server.tls] cert_file / key_file: cannot read "
             f"{cert} and {key}: No such file or directory") in caplog.text
+
+
+def test_files_renewed_while_a_reload_checks_them_are_not_taken_unchecked(
+        tmp_path: Path, certs: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """The renewal wrote the certificate, and its key lands between the reload's read and its
+    check: the check would pass on the files while gRPC was handed the renewed certificate with
+    the old key, and every new connection would fail its handshake."""
+    cert, key = live_files(tmp_path, certs)
+    certificates = ServerCertificates(load_settings(env={}, overrides={
+        ("server.tls", "cert_file"): str(cert), ("server.tls", "key_file"): str(key)}).server_tls)
+    shutil.copyfile(certs / "server-renewed.pem", cert)  # the renewal's first write
+    read = tls_module._read_file
+
+    def read_then_renewed(option: str, path: str) -> bytes:
+        content = read(option, path)
+        if option == "key_file":
+            shutil.copyfile(certs / "server-renewed.key", key)  # its second write, just after the read
+        return content
+
+    monkeypatch.setattr(tls_module, "_read_file", read_then_renewed)
+    assert certificates.reload() is False
+    assert (f"[server.tls] cert_file / key_file: {cert} and {key} changed while they were read" in caplog.text)
+    monkeypatch.setattr(tls_module, "_read_file", read)
+    assert certificates.reload() is True  # the SIGHUP sent once both are written
