@@ -80,10 +80,13 @@ def client_tls(kind: str, folder: Path) -> ClientTls | None:
     return ClientTls(folder / "ca.pem", cert_file=folder / "client.pem", key_file=folder / "client.key")
 
 
-def new_channel(address: str, tls: ClientTls | None) -> grpc.Channel:
+def new_channel(address: str, tls: ClientTls | None, fresh: bool = False) -> grpc.Channel:
+    """``fresh``: a connection of its own, never one another channel to the address opened (gRPC
+    shares connections between channels of a process through a global pool by default)."""
+    options = [*CHANNEL_OPTIONS, *([("grpc.use_local_subchannel_pool", 1)] if fresh else [])]
     if tls is None:
-        return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
-    return grpc.secure_channel(address, tls.credentials(), options=tls.channel_options(address, CHANNEL_OPTIONS))
+        return grpc.insecure_channel(address, options=options)
+    return grpc.secure_channel(address, tls.credentials(), options=tls.channel_options(address, options))
 
 
 def connect_call(address: str, tls: ClientTls | None) -> Callable[[], object]:
@@ -91,7 +94,7 @@ def connect_call(address: str, tls: ClientTls | None) -> Callable[[], object]:
     request = health_pb2.HealthCheckRequest()
 
     def connect() -> object:
-        channel = new_channel(address, tls)
+        channel = new_channel(address, tls, fresh=True)
         try:
             return health_pb2_grpc.HealthStub(channel).Check(request, wait_for_ready=True, timeout=30)
         finally:
