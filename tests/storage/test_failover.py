@@ -1,0 +1,263 @@
+"""The shared store on the deployment PostgreSQL users run for availability: a primary with a
+synchronous streaming standby, two ``context-sidecar serve`` processes whose URL lists both hosts
+with ``target_session_attrs=read-write``, each with its own LMDB folder. The primary is killed
+with SIGKILL while clients write, the standby promoted; then the old primary comes back."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import pytest
+from context_sidecar_client.v1 import sidecar_pb2 as pb
+from grpc_health.v1 import health_pb2
+
+from tests.helpers import Postgres, Sidecar, all_events, rich_error
+
+REFUSED = ("UNAVAILABLE", "shared_store_unavailable")
+SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+CALL_SECONDS = 20  # a hang detector: a call during the failover waits [storage] shared_timeout at most
+
+
+@pytest.fixture
+def cluster() -> Iterator[tuple[Postgres, Postgres, str]]:
+    """A primary, its synchronous standby, and the URL that lists both (primary first)."""
+    primary = Postgres(replication_slot="standby")
+    standby = None
+    try:
+        standby = Postgres.standby_of(primary)
+        database = primary.database().rsplit("/", 1)[1]
+        yield primary, standby, (f"postgresql://postgres@{primary.host},{standby.host}/{database}"
+                                 "?target_session_attrs=read-write")
+    finally:
+        primary.close()
+        if standby:
+            standby.close()
+
+
+@pytest.fixture
+def pair(tmp_path: Path, cluster: tuple[Postgres, Postgres, str]) -> Iterator[tuple[Sidecar, Sidecar]]:
+    """Sidecars A and B on the cluster, each with its own LMDB folder."""
+    started = []
+    try:
+        for name in ("a", "b"):
+            (tmp_path / name).mkdir()
+            started.append(Sidecar(tmp_path / name, "--shared", cluster[2], "--shared-timeout", "2"))
+        yield started[0], started[1]
+    finally:
+        for sidecar in started:
+            sidecar.stop()
+
+
+def health(sidecar: Sidecar) -> int:
+    return sidecar.health.Check(health_pb2.HealthCheckRequest(), timeout=5).status
+
+
+def wait_for(condition: Callable[[], bool], seconds: float, what: str | Callable[[], str]) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what if isinstance(what, str) else what()}"
+        time.sleep(0.05)
+
+
+def refusal(error: grpc.RpcError) -> tuple[str, str]:
+    """(status code, ErrorInfo reason) of a refused call."""
+    code, reason, _ = rich_error(error) if error.trailing_metadata() else (error.code(), "", [])
+    return code.name, reason
+
+
+@dataclass
+class Ledger:
+    """The test's own record of every write it made: acknowledged (with when), refused (with how)."""
+
+    # kind, writer, number, and when the call was made and when it was answered
+    acknowledged: list[tuple[str, str, int, float, float]] = field(default_factory=list)
+    refused: list[tuple[str, str, int, tuple[str, str]]] = field(default_factory=list)  # kind, writer, number, why
+    refs: dict[tuple[str, int], str] = field(default_factory=dict)  # a summary's ref, by (writer, number)
+    refusals: list[tuple[str, str]] = field(default_factory=list)  # of the other calls
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def call(self, kind: str, writer: str, number: int, rpc: Callable[..., object], request: object) -> object | None:
+        """``rpc(request)``, noted as acknowledged or refused; its answer, None if refused."""
+        made = time.monotonic()
+        try:
+            answer = rpc(request, timeout=CALL_SECONDS)
+        except grpc.RpcError as error:
+            with self.lock:
+                self.refused.append((kind, writer, number, refusal(error)))
+            return None
+        with self.lock:
+            self.acknowledged.append((kind, writer, number, made, time.monotonic()))
+        return answer
+
+    def note(self, error: grpc.RpcError) -> None:
+        """A refusal of a call that is not a write the ledger follows (a run opened, a turn
+        appended before its summary): only how it was refused counts."""
+        with self.lock:
+            self.refusals.append(refusal(error))
+
+    def count(self, writer: str, after: float = 0.0) -> int:
+        """How many writes of ``writer`` (or of its runs, ``writer.N``) were acknowledged after ``after``."""
+        with self.lock:
+            return sum(1 for _, who, _, made, _ in self.acknowledged if who.split(".")[0] == writer and made > after)
+
+
+def open_run(stub, run: str) -> None:
+    stub.OpenRun(pb.OpenRunRequest(run_id=run, token_counter="o200k_base", summarization_supported=True,
+                                   keep_last_turns=1), timeout=CALL_SECONDS)
+
+
+def event_ids(writer: str, number: int) -> list[str]:
+    return [f"{writer}-{number}-{part}" for part in range(3)]
+
+
+def write_events(stub, ledger: Ledger, writer: str, stop: threading.Event) -> None:
+    """AppendEvents of three events a call to the run ``writer``."""
+    number = 0
+    while not stop.is_set():
+        events = [pb.Event(event_id=event_id, iteration=1, role="user", content=f"{event_id}: " + "word " * 20)
+                  for event_id in event_ids(writer, number)]
+        ledger.call("events", writer, number, stub.AppendEvents, pb.AppendEventsRequest(run_id=writer, events=events))
+        number += 1
+
+
+def write_summaries(stub, ledger: Ledger, writer: str, stop: threading.Event) -> None:
+    """A turn of two events, then a RecordSummary replacing them, in a run of ``writer``'s. After a
+    refusal it goes on in a new run: a summary replaces the turns after the last one, and whether
+    the refused call's turn or summary landed is for the check at the end to find out."""
+    number, generation = 0, 0
+    run = f"{writer}.{generation}"
+    while not stop.is_set():
+        turn = [pb.Event(event_id=f"{run}-{number}-u", iteration=number + 1, role="user", content=f"ask {number}"),
+                pb.Event(event_id=f"{run}-{number}-a", iteration=number + 1, role="assistant",
+                         content=f"answer {number}")]
+        answer = None
+        try:
+            stub.AppendEvents(pb.AppendEventsRequest(run_id=run, events=turn), timeout=CALL_SECONDS)
+        except grpc.RpcError as error:
+            ledger.note(error)
+        else:
+            answer = ledger.call("summary", run, number, stub.RecordSummary, pb.RecordSummaryRequest(
+                run_id=run, iteration=number + 2, replaced_event_ids=[event.event_id for event in turn],
+                summary_text=f"summary {run} {number}"))
+        number += 1
+        if answer is not None:
+            ledger.refs[(run, number - 1)] = answer.summary_ref  # type: ignore[attr-defined]
+            continue
+        generation += 1
+        run, number = f"{writer}.{generation}", 0
+        while not stop.is_set():
+            try:
+                open_run(stub, run)
+                break
+            except grpc.RpcError as error:
+                ledger.note(error)
+
+
+def write_memory(stub, ledger: Ledger, writer: str, stop: threading.Event) -> None:
+    """PutMemory of one entry a call to the memory ref ``writer``."""
+    number = 0
+    while not stop.is_set():
+        ledger.call("memory", writer, number, stub.PutMemory, pb.PutMemoryRequest(
+            memory_ref=writer, entry_id=f"e{number}", content=f"fact {writer} {number}", tags=["failover"]))
+        number += 1
+
+
+WRITERS = {"events": write_events, "summary": write_summaries, "memory": write_memory}
+
+
+def landed(stub, ledger: Ledger) -> dict[tuple[str, str, int], bool]:
+    """For each write the ledger holds, whether it is in the store as read through ``stub``; a
+    write found in part fails the test (a call lands whole or not at all)."""
+    found: dict[tuple[str, str, int], bool] = {}
+    writes = {(kind, writer, number) for kind, writer, number, _, _ in ledger.acknowledged} | \
+             {(kind, writer, number) for kind, writer, number, _ in ledger.refused}
+    logs = {writer: all_events(stub, writer) for kind, writer, _ in writes if kind != "memory"}
+    for writer, log in logs.items():
+        ids = [event.event_id for event in log]
+        assert [event.seq for event in log] == list(range(len(log))), f"a gap in {writer}'s log"
+        assert len(ids) == len(set(ids)), f"an event twice in {writer}'s log"
+    listed = {writer: {entry.id: entry.content for entry in stub.ListMemory(
+        pb.ListMemoryRequest(memory_ref=writer, limit=1000)).entries} for kind, writer, _ in writes if kind == "memory"}
+    for kind, writer, number in sorted(writes):
+        if kind == "events":
+            present = {event.event_id for event in logs[writer]} & set(event_ids(writer, number))
+            assert len(present) in (0, 3), f"{writer} {number}: {len(present)} of its 3 events landed"
+            found[kind, writer, number] = bool(present)
+        elif kind == "summary":
+            summaries = [json.loads(event.content) for event in logs[writer] if event.type == "context.summarized"]
+            refs = [summary["summaryRef"] for summary in summaries if summary["iteration"] == number + 2]
+            if refs:  # the entry landed: so did its artifact, with the whole text
+                artifact = stub.GetArtifact(pb.GetArtifactRequest(run_id=writer, artifact_id=refs[0]))
+                assert artifact.content == f"summary {writer} {number}"
+                assert ledger.refs.get((writer, number), refs[0]) == refs[0]
+            found[kind, writer, number] = bool(refs)
+        else:
+            entry_id = f"e{number}"
+            try:
+                content = stub.GetMemory(pb.GetMemoryRequest(memory_ref=writer, entry_id=entry_id)).content
+            except grpc.RpcError as error:
+                assert error.code() == grpc.StatusCode.NOT_FOUND, error
+                content = None
+            assert listed[writer].get(entry_id) == content, f"{writer} {entry_id}: listed and got differ"
+            assert content in (None, f"fact {writer} {number}")
+            found[kind, writer, number] = content is not None
+    return found
+
+
+def test_the_primary_killed_mid_write_and_the_standby_promoted_loses_nothing_acknowledged(
+        cluster: tuple[Postgres, Postgres, str], pair: tuple[Sidecar, Sidecar]) -> None:
+    primary, standby, _ = cluster
+    a, b = pair
+    writers = {f"{kind}-{name}": (kind, sidecar) for name, sidecar in (("a", a), ("b", b)) for kind in WRITERS}
+    for writer, (kind, sidecar) in writers.items():
+        if kind != "memory":
+            open_run(sidecar.stub, f"{writer}.0" if kind == "summary" else writer)
+    ledger, stop = Ledger(), threading.Event()
+    threads = [threading.Thread(target=WRITERS[kind], args=(sidecar.stub, ledger, writer, stop))
+               for writer, (kind, sidecar) in writers.items()]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_for(lambda: all(ledger.count(writer) >= 10 for writer in writers), 60, "writes before the kill")
+        killed = time.monotonic()
+        primary.kill_9()  # mid-write: each writer has a call in flight
+        wait_for(lambda: health(a) == health(b) == NOT_SERVING, 30, "NOT_SERVING while no primary answers")
+        before_promotion = len(ledger.refused)
+        promoted = time.monotonic()
+        standby.promote()
+        wait_for(lambda: health(a) == health(b) == SERVING, 30, "SERVING after the promotion")
+        wait_for(lambda: all(ledger.count(writer, after=promoted) >= 5 for writer in writers), 60,
+                 lambda: f"every writer's writes accepted through the new primary: {ledger.refused[-12:]}")
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+
+    reasons = {why for _, _, _, why in ledger.refused} | set(ledger.refusals)
+    assert reasons == {REFUSED}, f"refusals other than UNAVAILABLE shared_store_unavailable: {reasons}"
+    assert before_promotion > 0, "writes in flight at the kill, and those made with no primary, are refused"
+    acknowledged = {(kind, writer, number) for kind, writer, number, _, _ in ledger.acknowledged}
+    before_kill = {(kind, writer, number) for kind, writer, number, _, answered in ledger.acknowledged
+                   if answered < killed}
+    through = {name: landed(sidecar.stub, ledger) for name, sidecar in (("A", a), ("B", b))}
+    found_a, found_b = ({write for write, present in through[name].items() if present} for name in ("A", "B"))
+    assert acknowledged <= found_a, f"acknowledged, not found through A: {sorted(acknowledged - found_a)[:5]}"
+    assert acknowledged <= found_b, f"acknowledged, not found through B: {sorted(acknowledged - found_b)[:5]}"
+    assert found_a == found_b, "A and B read the same store"
+    refused = {(kind, writer, number) for kind, writer, number, _ in ledger.refused}
+    # The first write made after the kill that was accepted (a call in flight at the kill may
+    # still be acknowledged: the standby had confirmed its commit).
+    first_accepted = min(answered for _, _, _, made, answered in ledger.acknowledged if made > killed)
+    print(f"failover: {len(acknowledged)} writes acknowledged ({len(before_kill)} before the kill), "
+          f"found {len(acknowledged & found_a)} through A and {len(acknowledged & found_b)} through B; "
+          f"{len(refused)} refused UNAVAILABLE shared_store_unavailable ({len(refused & found_a)} landed whole, "
+          f"{len(refused - found_a)} not at all; {len(ledger.refusals)} other calls refused so); first accepted "
+          f"write {first_accepted - killed:.1f} s after the kill ({first_accepted - promoted:.1f} s after the "
+          f"promotion, made {promoted - killed:.1f} s after the kill)")
+
