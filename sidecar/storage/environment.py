@@ -25,7 +25,7 @@ from typing import TypeVar, cast, overload
 
 import lmdb
 
-from sidecar.errors import StoreFull, WriteConflict
+from sidecar.errors import SharedStoreUnavailable, StoreFull, WriteConflict
 from sidecar.storage.databases import AREAS, DATABASES, STORAGE_DATABASES
 from sidecar.storage.keys import Db, Txn, sweep
 from sidecar.storage.recording import RecordingTxn, apply
@@ -35,6 +35,7 @@ from sidecar.storage.shared import (
     Holding,
     SharedStore,
     VersionConflict,
+    describe,
     prefix_of,
     unit_of,
 )
@@ -369,9 +370,12 @@ class Store:
 
     def _load(self, unit: bytes, ceiling: int, holding: Holding | None = None) -> None:
         """Bring the local copy of ``unit`` to the shared store's version (the write lock held):
-        the records written since the version held here, or all of them when none is held (or
-        the one held is ahead of the store's, as after a restore of the database). ``holding``:
-        read in the transaction holding the unit."""
+        the records written since the version held here, or all of them when none is held.
+        ``holding``: read in the transaction holding the unit.
+
+        A unit's version only moves on, so a store behind the version held here has lost what
+        this sidecar saw (an old primary back after a failover, a restore from a backup): it is
+        refused, neither served as current nor written to, and the copy here is kept."""
         assert self.shared is not None
         with self.read() as txn:
             held = self._held(txn, unit)
@@ -380,9 +384,11 @@ class Store:
         if version == held and not rows:
             return  # another call brought it up to date meanwhile: no write, no commit to sync
         if version < held:
-            with phase("shared load"):
-                version, rows = self.shared.load(unit, 0, holding)
-            held = 0
+            raise SharedStoreUnavailable(
+                f"the shared store holds version {version} of {describe(unit)}, behind version {held} that this "
+                "sidecar saw: it lost writes (an old primary back after a failover, or a restore from a backup?). "
+                "Refused, neither read nor written: point [storage] shared at the current primary (after a "
+                "restore, give each sidecar an empty [storage] path)")
         handles = {name: self.db[name] for name in DATABASES_OF_KIND[unit[:1]]}
 
         def bring_up_to_date(txn: Txn) -> None:

@@ -21,12 +21,23 @@ INSERT ... ON CONFLICT ... DO UPDATE / DO NOTHING with RETURNING; UPDATE ... WHE
 ``= ANY(array)`` and ``unnest`` of arrays; read-committed writes and a repeatable-read read-only
 transaction per load. Nothing else: no LISTEN/NOTIFY, sequences, triggers, advisory locks or
 stored procedures. Every table's primary key starts with ``unit``, the distribution column on Citus.
+
+One check goes beyond that SQL, on PostgreSQL alone: after a failover, an old primary started
+again as a primary (on the timeline it had) lacks what was written since the promotion, and a
+URL listing both hosts may reach it first. So each new connection reads its server's timeline
+(``pg_walfile_name(pg_current_wal_lsn())``, the current WAL file's name) and a server on a lower
+timeline than one this sidecar has reached is refused. An engine without these functions has no
+timelines to compare: the check is off there. What covers the rest is engine-neutral: a unit's
+version never goes back, so a copy held here at a higher version than the store's is refused
+(``Store._load``), not replaced.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -83,6 +94,14 @@ def unit_of(db: str, key: bytes) -> bytes:
     return letter + key[:end + 1]
 
 
+def describe(unit: bytes) -> str:
+    """A unit as an error message names it: "run 'r1' of tenant 'acme'", ..."""
+    kind = next(kind for kind, letter in _KIND_LETTERS.items() if letter == unit[:1])
+    tenant, *name = [part.decode("utf-8", "replace") for part in unit[1:-1].split(b"\0")]
+    of_tenant = f" of tenant {tenant!r}" if tenant else ""
+    return f"the event log{of_tenant}" if kind == "tenant" else f"{kind} {name[0]!r}{of_tenant}"
+
+
 def prefix_of(unit: bytes) -> bytes:
     """The key prefix every record of ``unit`` starts with."""
     return unit[1:]
@@ -114,6 +133,12 @@ class SharedStore:
         self._psycopg = psycopg
         self._timeout = timeout
         self.reachable = True
+        # The highest PostgreSQL timeline a connection of this sidecar has reached (a promotion
+        # moves it on), and the connections whose server's timeline has been checked (each once).
+        # None: the engine has no timelines.
+        self.timeline: int | None = 0
+        self._checked: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._timeline_lock = threading.Lock()
         # Every wait is bounded by [storage] shared_timeout, so a database that does not answer
         # holds no call longer: connect_timeout a connection attempt, the pool's timeout the wait
         # for a connection, statement_timeout a statement the server is slow to run, and
@@ -140,6 +165,10 @@ class SharedStore:
         psycopg = self._psycopg
         try:
             with self._pool.connection() as conn:
+                with self._timeline_lock:
+                    checked = conn in self._checked
+                if not checked:
+                    self._check_timeline(conn)
                 conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ if read_only else None
                 conn.read_only = read_only
                 yield conn
@@ -149,6 +178,39 @@ class SharedStore:
         except (psycopg.OperationalError, psycopg.InterfaceError, _pool_timeout()) as error:
             self.reachable = False
             raise SharedStoreUnavailable(f"the shared store did not answer: {type(error).__name__}") from None
+
+    def _check_timeline(self, conn: Any) -> None:
+        """Refuse a new connection to a server on a lower timeline than this sidecar has reached:
+        an old primary started again after a failover, which lacks what the new one has."""
+        errors = self._psycopg.errors
+        if self.timeline is not None:
+            try:
+                wal_file = conn.execute("SELECT pg_walfile_name(pg_current_wal_lsn())").fetchone()[0]
+            except (errors.UndefinedFunction, errors.FeatureNotSupported):  # an engine without timelines
+                log.info("the shared store's engine has no timelines: the check after a failover is off")
+                self.timeline = None
+            except errors.ObjectNotInPrerequisiteState:  # "recovery is in progress"
+                conn.close()  # the pool drops it
+                raise SharedStoreUnavailable(
+                    "the shared store's server is a standby, which takes no writes: list the primary in [storage] "
+                    "shared, or every host with target_session_attrs=read-write") from None
+            else:
+                timeline = int(wal_file[:8], 16)  # a WAL file's name starts with its timeline, in hex
+                with self._timeline_lock:
+                    reached = self.timeline or 0
+                    if timeline < reached:
+                        conn.close()
+                        raise SharedStoreUnavailable(
+                            f"the shared store's server is on timeline {timeline}, behind timeline {reached} that "
+                            "this sidecar reached before: an old primary started again after a failover, which "
+                            "lacks what was written since. Refused, neither read nor written: stop it, and make it "
+                            "a standby of the new primary (pg_rewind or a new pg_basebackup)")
+                    if timeline > reached:
+                        if reached:
+                            log.warning("the shared store moved from timeline %d to %d: a failover", reached, timeline)
+                        self.timeline = timeline
+        with self._timeline_lock:
+            self._checked.add(conn)
 
     @contextmanager
     def _transaction(self, holding: Holding | None, read_only: bool = False) -> Iterator[Any]:

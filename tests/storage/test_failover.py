@@ -261,3 +261,97 @@ def test_the_primary_killed_mid_write_and_the_standby_promoted_loses_nothing_ack
           f"write {first_accepted - killed:.1f} s after the kill ({first_accepted - promoted:.1f} s after the "
           f"promotion, made {promoted - killed:.1f} s after the kill)")
 
+
+def refused_through(sidecar: Sidecar, calls: dict[str, Callable[[grpc.Channel], object]]) -> dict[str, object]:
+    """What each call answered through ``sidecar``: its refusal (code, reason, message), or its answer."""
+    answers: dict[str, object] = {}
+    for name, call in calls.items():
+        try:
+            answers[name] = call(sidecar.stub)
+        except grpc.RpcError as error:
+            answers[name] = (*refusal(error), error.details())
+    return answers
+
+
+def answer_of(sidecar: Sidecar, call: Callable[[grpc.Channel], object]) -> object:
+    """What ``call`` answers through ``sidecar`` once the connections it pooled to a server that
+    went away are found dead (each refuses one call: the sidecar learns of it by using it)."""
+    for _ in range(8):
+        answer = refused_through(sidecar, {"call": call})["call"]
+        if not (isinstance(answer, tuple) and answer[2].startswith("the shared store did not answer")):
+            return answer
+    raise AssertionError(f"refused 8 times: {answer!r}")
+
+
+def test_an_old_primary_started_again_is_never_served_as_current(
+        cluster: tuple[Postgres, Postgres, str], pair: tuple[Sidecar, Sidecar]) -> None:
+    """After the failover B writes through the new primary and A reads it; then the old primary
+    is started again as a primary, on its old timeline and first in the URL's host list (a
+    supervisor restarting it). It lacks what was written since the promotion: neither sidecar may
+    answer from it, or from its local copy, as if current, nor write to it."""
+    primary, standby, _ = cluster
+    a, b = pair
+    open_run(a.stub, "run")
+    a.stub.AppendEvents(pb.AppendEventsRequest(run_id="run", events=[
+        pb.Event(event_id=f"old{i}", iteration=1, role="user", content=f"before the failover {i}") for i in range(5)]))
+    a.stub.PutMemory(pb.PutMemoryRequest(memory_ref="notes", entry_id="old", content="before the failover"))
+    assert len(all_events(b.stub, "run")) == 5  # B holds the run too
+
+    primary.kill_9()
+    standby.promote()
+    wait_for(lambda: health(a) == health(b) == SERVING, 30, "SERVING after the promotion")
+
+    def append_through_b() -> bool:
+        try:
+            b.stub.AppendEvents(pb.AppendEventsRequest(run_id="run", events=[
+                pb.Event(event_id="new0", iteration=2, role="user", content="after the failover 0")]))
+            return True
+        except grpc.RpcError as error:
+            assert refusal(error) == REFUSED  # a connection to the dead primary, found dead
+            return False
+    wait_for(append_through_b, 30, "a write through B on the new primary")
+    b.stub.AppendEvents(pb.AppendEventsRequest(run_id="run", events=[
+        pb.Event(event_id=f"new{i}", iteration=2, role="user", content=f"after the failover {i}") for i in (1, 2)]))
+    b.stub.PutMemory(pb.PutMemoryRequest(memory_ref="notes", entry_id="new", content="after the failover"))
+    b.stub.PutMemory(pb.PutMemoryRequest(memory_ref="later", entry_id="new", content="only on the new primary"))
+    assert answer_of(a, lambda stub: [e.event_id for e in all_events(stub, "run")])[5:] == \
+        ["new0", "new1", "new2"]  # type: ignore[index]  # A holds them
+
+    current = {"run": [f"old{i}" for i in range(5)] + [f"new{i}" for i in range(3)], "notes": ["new", "old"]}
+    primary.start()  # as a primary, on the old timeline
+    old_units = primary.query(cluster[2].rsplit("/", 1)[1].split("?")[0],
+                              "SELECT unit, version FROM context_sidecar_units ORDER BY unit")
+    # Each sidecar's connections to the new primary go (a network blip, a pool recycling them):
+    # the next ones go to the first host that takes writes, the old primary.
+    standby.execute("postgres", "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                "WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()")
+    calls: dict[str, Callable[[grpc.Channel], object]] = {
+        "ListRunEvents": lambda stub: [e.event_id for e in stub.ListRunEvents(pb.ListRunEventsRequest(
+            run_id="run"), timeout=CALL_SECONDS).events],
+        "ListMemory": lambda stub: sorted(e.id for e in stub.ListMemory(pb.ListMemoryRequest(
+            memory_ref="notes"), timeout=CALL_SECONDS).entries),
+        "GetMemory never held": lambda stub: stub.GetMemory(pb.GetMemoryRequest(
+            memory_ref="later", entry_id="new"), timeout=CALL_SECONDS).content,
+        "AppendEvents": lambda stub: stub.AppendEvents(pb.AppendEventsRequest(run_id="run", events=[
+            pb.Event(event_id="stale", iteration=3, role="user", content="written while the old primary is back")]),
+            timeout=CALL_SECONDS),
+        "PutMemory": lambda stub: stub.PutMemory(pb.PutMemoryRequest(
+            memory_ref="elsewhere", entry_id="stale", content="a ref no sidecar held"), timeout=CALL_SECONDS).entry_id,
+    }
+    for sidecar in (a, b):
+        answers = {name: answer_of(sidecar, call) for name, call in calls.items()}
+        for name, answer in answers.items():
+            assert isinstance(answer, tuple) and answer[:2] == REFUSED, f"{name} answered {answer!r}"
+            assert "timeline" in answer[2] or "version" in answer[2], answer
+    wait_for(lambda: health(a) == health(b) == NOT_SERVING, 30, "NOT_SERVING while the old primary answers first")
+    assert primary.query(cluster[2].rsplit("/", 1)[1].split("?")[0],
+                         "SELECT unit, version FROM context_sidecar_units ORDER BY unit") == old_units, \
+        "nothing was written to the old primary"
+
+    # The documented way back: the old primary is stopped (to rejoin as a standby); service resumes
+    # from the new primary with everything written there.
+    primary.stop()
+    wait_for(lambda: health(a) == health(b) == SERVING, 30, "SERVING once the old primary is gone")
+    for sidecar in (a, b):
+        assert {"run": answer_of(sidecar, calls["ListRunEvents"]), "notes": answer_of(sidecar, calls["ListMemory"])} \
+            == current

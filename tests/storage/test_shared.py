@@ -483,3 +483,34 @@ def test_a_kept_re_assembly_sees_a_summary_deleted_through_the_other_sidecar(pai
             sidecar.stub.AssembleContext(settled)
         assert rich_error(refused.value)[:2] == (grpc.StatusCode.FAILED_PRECONDITION,
                                                  "replay_context_summary_unavailable")
+
+
+def test_a_store_restored_behind_what_a_sidecar_saw_is_refused_not_served(pair) -> None:
+    """The database restored from a backup taken before some acknowledged writes (on any engine,
+    no timelines involved): each unit's version went back. The sidecar that saw the later writes
+    must not serve the restored copy as current, nor write on top of it."""
+    a, _, url = pair
+    open_run(a.stub, "run")
+    a.stub.AssembleContext(pb.AssembleContextRequest(run_id="run", iteration=1, append_events=turn_events(1)))
+    tables = ("context_sidecar_units", "context_sidecar_records")
+    with psycopg.connect(url) as conn:
+        backup = {table: conn.execute(f"SELECT * FROM {table}").fetchall() for table in tables}
+    a.stub.AssembleContext(pb.AssembleContextRequest(run_id="run", iteration=2, append_events=turn_events(2)))
+    held = [e.event_id for e in all_events(a.stub, "run")]
+    with psycopg.connect(url) as conn:  # the restore
+        for table, rows in backup.items():
+            conn.execute(f"DELETE FROM {table}")
+            with conn.cursor() as cursor:
+                cursor.executemany(f"INSERT INTO {table} VALUES ({', '.join(['%s'] * len(rows[0]))})", rows)
+    calls = {"read": lambda: all_events(a.stub, "run"),
+             "write": lambda: a.stub.AssembleContext(pb.AssembleContextRequest(run_id="run", iteration=3,
+                                                                               append_events=turn_events(3)))}
+    for name, call in calls.items():
+        with pytest.raises(grpc.RpcError) as refused:
+            pytest.fail(f"{name} answered {call()}")
+        assert rich_error(refused.value)[:2] == (grpc.StatusCode.UNAVAILABLE, "shared_store_unavailable")
+        assert "holds version 2 of run 'run' of tenant 'default', behind version 3 that this sidecar saw" \
+            in refused.value.details()
+    with psycopg.connect(url) as conn:
+        assert conn.execute("SELECT max(version) FROM context_sidecar_units").fetchone()[0] == 2, "written on top"
+    assert len(held) == 8
