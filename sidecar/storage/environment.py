@@ -60,6 +60,7 @@ DELETE_HEADROOM = 1 / 32
 # elsewhere on every attempt exhausts them.
 CONFLICT_ATTEMPTS = 8
 _STORE_ID = b"\0store_id"  # in shared_versions: which shared store this local index holds
+_TIMELINE = b"\0timeline"  # in shared_versions: the highest PostgreSQL timeline it was written on
 
 
 # What the write transaction running in this context puts aside for once it commits (see
@@ -154,8 +155,12 @@ class Store:
         # are one at a time. Without sync a commit is too short to hide anything behind.
         self._while_syncing = ThreadPoolExecutor(1, "sidecar-while-syncing") if sync else None
         self._versions = self.env.open_db(b"shared_versions")
+        self._timeline_kept = 0
         if shared:
             self._hold_store(shared.store_id)
+            with self.env.begin() as txn:
+                self._timeline_kept = int.from_bytes(txn.get(_TIMELINE, b"", db=self._versions), "big")
+            shared.hold_timeline(self._timeline_kept)
 
     def _refuse_unassigned_databases(self) -> None:
         """A store holding a database that no area owns was written by another layout: serving it
@@ -334,6 +339,7 @@ class Store:
                 committed = changes, versions, result, list(pending or ())
             for unit, version in versions.items():
                 self._hold(txn, unit, version)
+            self._keep_timeline(txn)
             return result
         return recorded
 
@@ -352,6 +358,14 @@ class Store:
             txn.put(unit, version.to_bytes(8, "big"), db=self._versions)
         else:
             txn.delete(unit, db=self._versions)
+
+    def _keep_timeline(self, txn: Txn) -> None:
+        """Keep the highest PostgreSQL timeline reached with what is written here, so that a
+        restarted sidecar refuses an old primary too (``SharedStore.hold_timeline``)."""
+        timeline = self.shared.timeline if self.shared else None
+        if timeline and timeline > self._timeline_kept:
+            txn.put(_TIMELINE, timeline.to_bytes(8, "big"), db=self._versions)
+            after_commit(setattr, self, "_timeline_kept", timeline)
 
     def current(self, units: list[bytes]) -> None:
         """Make the local copies of these units current: one query for their versions, and a load
@@ -396,6 +410,7 @@ class Store:
                 sweep(txn, handles, prefix_of(unit))
             apply(txn, self.db, {unit: rows})
             self._hold(txn, unit, version)
+            self._keep_timeline(txn)
         self._write_local(bring_up_to_date, ceiling)
 
     def _ceiling(self, frees_space: bool) -> int:

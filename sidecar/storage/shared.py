@@ -200,17 +200,23 @@ class SharedStore:
                     reached = self.timeline or 0
                     if timeline < reached:
                         conn.close()
-                        raise SharedStoreUnavailable(
-                            f"the shared store's server is on timeline {timeline}, behind timeline {reached} that "
-                            "this sidecar reached before: an old primary started again after a failover, which "
-                            "lacks what was written since. Refused, neither read nor written: stop it, and make it "
-                            "a standby of the new primary (pg_rewind or a new pg_basebackup)")
+                        raise _behind(timeline, reached)
                     if timeline > reached:
                         if reached:
                             log.warning("the shared store moved from timeline %d to %d: a failover", reached, timeline)
                         self.timeline = timeline
         with self._timeline_lock:
             self._checked.add(conn)
+
+    def hold_timeline(self, reached: int) -> None:
+        """Take timeline ``reached`` as reached (the local index keeps the highest one across
+        restarts); refused if the server this sidecar has connected to is behind it."""
+        with self._timeline_lock:
+            if self.timeline is None or reached <= self.timeline:
+                return
+            if self.timeline:
+                raise _behind(self.timeline, reached)
+            self.timeline = reached
 
     @contextmanager
     def _transaction(self, holding: Holding | None, read_only: bool = False) -> Iterator[Any]:
@@ -357,6 +363,14 @@ class Holding:
     def __init__(self, conn: Any) -> None:
         self.conn = conn
         self.ended = False
+
+
+def _behind(timeline: int, reached: int) -> SharedStoreUnavailable:
+    return SharedStoreUnavailable(
+        f"the shared store's server is on timeline {timeline}, behind timeline {reached} that this sidecar "
+        "reached before: an old primary started again after a failover, which lacks what was written since. "
+        "Refused, neither read nor written: stop it, and make it a standby of the new primary (pg_rewind or a "
+        "new pg_basebackup)")
 
 
 def _pool_timeout() -> type[Exception]:

@@ -225,8 +225,8 @@ def test_the_primary_killed_mid_write_and_the_standby_promoted_loses_nothing_ack
         thread.start()
     try:
         wait_for(lambda: all(ledger.count(writer) >= 10 for writer in writers), 60, "writes before the kill")
-        killed = time.monotonic()
         primary.kill_9()  # mid-write: each writer has a call in flight
+        killed = time.monotonic()  # after: finding the postmaster's processes takes a while
         wait_for(lambda: health(a) == health(b) == NOT_SERVING, 30, "NOT_SERVING while no primary answers")
         before_promotion = len(ledger.refused)
         promoted = time.monotonic()
@@ -319,8 +319,8 @@ def test_an_old_primary_started_again_is_never_served_as_current(
 
     current = {"run": [f"old{i}" for i in range(5)] + [f"new{i}" for i in range(3)], "notes": ["new", "old"]}
     primary.start()  # as a primary, on the old timeline
-    old_units = primary.query(cluster[2].rsplit("/", 1)[1].split("?")[0],
-                              "SELECT unit, version FROM context_sidecar_units ORDER BY unit")
+    database = cluster[2].rsplit("/", 1)[1].split("?")[0]
+    old_units = primary.query(database, "SELECT unit, version FROM context_sidecar_units ORDER BY unit")
     # Each sidecar's connections to the new primary go (a network blip, a pool recycling them):
     # the next ones go to the first host that takes writes, the old primary.
     standby.execute("postgres", "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
@@ -344,14 +344,22 @@ def test_an_old_primary_started_again_is_never_served_as_current(
             assert isinstance(answer, tuple) and answer[:2] == REFUSED, f"{name} answered {answer!r}"
             assert "timeline" in answer[2] or "version" in answer[2], answer
     wait_for(lambda: health(a) == health(b) == NOT_SERVING, 30, "NOT_SERVING while the old primary answers first")
-    assert primary.query(cluster[2].rsplit("/", 1)[1].split("?")[0],
-                         "SELECT unit, version FROM context_sidecar_units ORDER BY unit") == old_units, \
+    assert primary.query(database, "SELECT unit, version FROM context_sidecar_units ORDER BY unit") == old_units, \
         "nothing was written to the old primary"
+
+    # A restarted keeps the timeline it reached in its folder: it refuses to start on the old primary.
+    a.stop()
+    with pytest.raises(AssertionError, match="on timeline 1, behind timeline 2 that this sidecar reached"):
+        Sidecar(a.data.parent, "--shared", cluster[2], "--shared-timeout", "2").stop()
 
     # The documented way back: the old primary is stopped (to rejoin as a standby); service resumes
     # from the new primary with everything written there.
     primary.stop()
-    wait_for(lambda: health(a) == health(b) == SERVING, 30, "SERVING once the old primary is gone")
-    for sidecar in (a, b):
-        assert {"run": answer_of(sidecar, calls["ListRunEvents"]), "notes": answer_of(sidecar, calls["ListMemory"])} \
-            == current
+    a = Sidecar(a.data.parent, "--shared", cluster[2], "--shared-timeout", "2")
+    try:
+        wait_for(lambda: health(a) == health(b) == SERVING, 30, "SERVING once the old primary is gone")
+        for sidecar in (a, b):
+            assert {"run": answer_of(sidecar, calls["ListRunEvents"]),
+                    "notes": answer_of(sidecar, calls["ListMemory"])} == current
+    finally:
+        a.stop()
