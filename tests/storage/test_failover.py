@@ -363,3 +363,12 @@ def test_an_old_primary_started_again_is_never_served_as_current(
                     "notes": answer_of(sidecar, calls["ListMemory"])} == current
     finally:
         a.stop()
+
+
+def test_a_url_naming_the_standby_alone_is_a_clear_error(tmp_path: Path,
+                                                          cluster: tuple[Postgres, Postgres, str]) -> None:
+    """The standby takes no writes: a sidecar pointed at it alone says so at start."""
+    _, standby, url = cluster
+    database = url.rsplit("/", 1)[1].split("?")[0]
+    with pytest.raises(AssertionError, match="the shared store's server is a standby, which takes no writes"):
+        Sidecar(tmp_path, "--shared", f"postgresql://postgres@{standby.host}/{database}").stop()
