@@ -71,6 +71,7 @@ class Postgres:
         while primary.query("postgres", "SELECT sync_state FROM pg_stat_replication "
                                          f"WHERE application_name = '{primary.replication_slot}'") != [("sync",)]:
             if time.monotonic() > deadline:
+                standby.close()
                 raise AssertionError("the standby did not become the primary's synchronous standby")
             time.sleep(0.05)
         return standby

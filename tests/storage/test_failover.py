@@ -5,6 +5,7 @@ with SIGKILL while clients write, the standby promoted; then the old primary com
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -27,31 +28,26 @@ CALL_SECONDS = 20  # a hang detector: a call during the failover waits [storage]
 @pytest.fixture
 def cluster() -> Iterator[tuple[Postgres, Postgres, str]]:
     """A primary, its synchronous standby, and the URL that lists both (primary first)."""
-    primary = Postgres(replication_slot="standby")
-    standby = None
-    try:
+    with contextlib.ExitStack() as closing:
+        primary = Postgres(replication_slot="standby")
+        closing.callback(primary.close)
         standby = Postgres.standby_of(primary)
+        closing.callback(standby.close)
         database = primary.database().rsplit("/", 1)[1]
         yield primary, standby, (f"postgresql://postgres@{primary.host},{standby.host}/{database}"
                                  "?target_session_attrs=read-write")
-    finally:
-        primary.close()
-        if standby:
-            standby.close()
 
 
 @pytest.fixture
 def pair(tmp_path: Path, cluster: tuple[Postgres, Postgres, str]) -> Iterator[tuple[Sidecar, Sidecar]]:
     """Sidecars A and B on the cluster, each with its own LMDB folder."""
-    started = []
-    try:
+    with contextlib.ExitStack() as stopping:  # each one stopped, also when stopping another fails
+        started = []
         for name in ("a", "b"):
             (tmp_path / name).mkdir()
             started.append(Sidecar(tmp_path / name, "--shared", cluster[2], "--shared-timeout", "2"))
+            stopping.callback(started[-1].stop)
         yield started[0], started[1]
-    finally:
-        for sidecar in started:
-            sidecar.stop()
 
 
 def health(sidecar: Sidecar) -> int:
