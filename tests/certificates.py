@@ -1,8 +1,8 @@
 """Certificates the TLS tests make for themselves: a CA of their own, server certificates for
 loopback, client certificates, and a second CA that the sidecar does not trust.
 
-Every suite that talks TLS to a sidecar uses these files (Python's tests import it; the Node.js,
-Go and Java suites run ``python -m tests.certificates FOLDER``), so each language's client is
+Every suite that talks TLS to a sidecar uses these files: each runs ``python -m tests.certificates
+FOLDER`` (Python's, Node.js's, Go's, Java's and Rust's), so each language's client is
 tested against the same certificates, made fresh by each run: nothing secret is committed.
 
 Files written to the folder (PEM):
@@ -22,7 +22,6 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
@@ -32,23 +31,6 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 LOOPBACK_NAMES = (x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
                   x509.IPAddress(ipaddress.ip_address("::1")))
-
-
-@dataclass(frozen=True)
-class Certificates:
-    """The paths of the files :func:`make_certificates` wrote."""
-
-    folder: Path
-
-    def pem(self, stem: str) -> Path:
-        return self.folder / f"{stem}.pem"
-
-    def key(self, stem: str) -> Path:
-        return self.folder / f"{stem}.key"
-
-    @property
-    def ca(self) -> Path:
-        return self.pem("ca")
 
 
 def _name(common_name: str) -> x509.Name:
@@ -103,7 +85,7 @@ def _write(folder: Path, stem: str, certificate: x509.Certificate,
         path.chmod(0o600)
 
 
-def make_certificates(folder: Path) -> Certificates:
+def make_certificates(folder: Path) -> None:
     """Write a fresh CA, its server and client certificates, and an untrusted CA's, to ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)
     authority = _authority("context-sidecar test CA")
@@ -115,7 +97,6 @@ def make_certificates(folder: Path) -> Certificates:
     _write(folder, "client", *_leaf("agent host", authority, server=False))
     _write(folder, "other-client", *_leaf("a stranger", other, server=False))
     _write(folder, "other-server", *_leaf("an impostor", other, server=True))
-    return Certificates(folder)
 
 
 if __name__ == "__main__":
