@@ -196,9 +196,12 @@ class Store:
     def close(self) -> None:
         if self._while_syncing is not None:
             self._while_syncing.shutdown()
-        self.env.close()
         if self.shared:
+            # First: a write still waiting on the database (its commit unconfirmed past the drain)
+            # is refused now and its LMDB transaction aborted, rather than closed under it.
             self.shared.close()
+        with self._write_lock:
+            self.env.close()
 
     @contextmanager
     def read(self) -> Iterator[Txn]:

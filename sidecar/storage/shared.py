@@ -30,12 +30,23 @@ timeline than one this sidecar has reached is refused. An engine without these f
 timelines to compare: the check is off there. What covers the rest is engine-neutral: a unit's
 version never goes back, so a copy held here at a higher version than the store's is refused
 (``Store._load``), not replaced.
+
+A COMMIT is bounded too: PostgreSQL holds it while the synchronous standby it waits for is gone,
+and ``statement_timeout`` does not cover that wait. Past ``shared_timeout`` the connection's
+socket is shut (:class:`_Watchdog`), so the call is refused as the loss of a connection would be:
+the commit may have landed on the primary alone, and the next call that names its units finds
+out (their version moved on, or not). Never by cancelling the query: PostgreSQL answers a COMMIT
+whose wait is cancelled with a warning and success, for a write the standby never got.
 """
 
 from __future__ import annotations
 
+import heapq
 import logging
+import os
+import socket
 import threading
+import time
 import uuid
 import weakref
 from collections.abc import Iterator, Sequence
@@ -107,6 +118,88 @@ def prefix_of(unit: bytes) -> bytes:
     return unit[1:]
 
 
+class _Watchdog:
+    """Bounds waits on connections: one thread shuts down the socket of a connection whose wait
+    outlived its deadline, and the waiting thread then sees the connection lost (the pool drops
+    it). Shutting the socket (not closing it, nor the connection, which its waiting thread owns)
+    leaves libpq's descriptor to it alone. Once a wait's block is left, its socket is not shut."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._deadlines: list[tuple[float, int, _Wait]] = []
+        self._count = 0
+        self._closing = False
+        self._thread: threading.Thread | None = None
+
+    @contextmanager
+    def bounding(self, conn: Any, seconds: float) -> Iterator[_Wait]:
+        wait = _Wait(conn)
+        with self._cond:
+            if self._closing:  # the sidecar is stopping: nothing waits on the database any more
+                wait.expire()
+            else:
+                self._count += 1
+                heapq.heappush(self._deadlines, (time.monotonic() + seconds, self._count, wait))
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._run, name="shared-store-watchdog", daemon=True)
+                    self._thread.start()
+                self._cond.notify()
+        try:
+            yield wait
+        finally:
+            with self._cond:
+                wait.left = True
+
+    def close(self) -> None:
+        """End every wait now, and each one begun from now on at once."""
+        with self._cond:
+            self._closing = True
+            for _, _, wait in self._deadlines:
+                wait.expire()
+            self._deadlines.clear()
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _run(self) -> None:
+        with self._cond:
+            while not self._closing:
+                now = time.monotonic()
+                while self._deadlines and (self._deadlines[0][2].left or self._deadlines[0][0] <= now):
+                    _, _, wait = heapq.heappop(self._deadlines)
+                    wait.expire()
+                self._cond.wait(self._deadlines[0][0] - now if self._deadlines else None)
+
+
+class _Wait:
+    """One bounded wait: ``expired`` once its connection's socket was shut."""
+
+    def __init__(self, conn: Any) -> None:
+        # Read by the thread that owns the connection: libpq closes it only when the connection
+        # is closed, which that thread does after leaving the block (``left``) if at all.
+        self.fileno: int = conn.fileno()
+        self.left = False
+        self.expired = False
+
+    def expire(self) -> None:  # under the watchdog's lock
+        if self.left or self.expired:
+            return
+        self.expired = True
+        try:
+            with socket.socket(fileno=os.dup(self.fileno)) as duplicate:
+                duplicate.shutdown(socket.SHUT_RDWR)
+        except OSError:  # the peer is gone already: the wait ends by itself
+            pass
+
+
+def _unconfirmed(why: str) -> SharedStoreUnavailable:
+    return SharedStoreUnavailable(
+        f"the shared store did not confirm the write's commit {why}: the write may or may not have landed "
+        "(the primary may have committed it and be waiting for a synchronous standby that is gone). The next "
+        "call that names its run or memory ref finds out: look for it, or call again (appends by event id, "
+        "puts by entry id and summaries by range are idempotent)")
+
+
 class VersionConflict(Exception):
     """Another sidecar wrote these units since this one loaded them; nothing was written."""
 
@@ -139,6 +232,10 @@ class SharedStore:
         self.timeline: int | None = 0
         self._checked: weakref.WeakSet[Any] = weakref.WeakSet()
         self._timeline_lock = threading.Lock()
+        self._watchdog = _Watchdog()
+        # The server process of the last health probe whose commit was not confirmed: while it
+        # still waits, the next probes look at it rather than leave one more waiting (0: none).
+        self._unconfirmed_probe = 0
         # Every wait is bounded by [storage] shared_timeout, so a database that does not answer
         # holds no call longer: connect_timeout a connection attempt, the pool's timeout the wait
         # for a connection, statement_timeout a statement the server is slow to run, and
@@ -155,6 +252,8 @@ class SharedStore:
         self.store_id = self._prepare()
 
     def close(self) -> None:
+        """Every wait on the database ends now (a write still waiting on its commit is refused)."""
+        self._watchdog.close()
         self._pool.close()
 
     @contextmanager
@@ -232,7 +331,7 @@ class SharedStore:
         store's id, which the local index keeps so that it never serves another store's copy."""
         with self._connection() as conn:
             conn.execute(_META)
-        with self._connection() as conn, conn.transaction(), conn.cursor() as cursor:
+        with self._connection() as conn, self._begun(conn) as begun, conn.cursor() as cursor:
             cursor.execute("SELECT name, value FROM context_sidecar_meta WHERE name = ANY(%s)",
                            (["schema_version", "store_id"],))
             meta = dict(cursor.fetchall())
@@ -252,15 +351,42 @@ class SharedStore:
             # Two sidecars starting at once: the first id written stands.
             cursor.execute("INSERT INTO context_sidecar_meta (name, value) VALUES (%s, %s) "
                            "ON CONFLICT (name) DO NOTHING", ("store_id", str(uuid.uuid4())))
+            self._end(begun)
         with self._connection() as conn:
             return str(conn.execute("SELECT value FROM context_sidecar_meta WHERE name = 'store_id'").fetchone()[0])
 
     def ping(self) -> bool:
+        """Whether the store takes writes: a transaction that writes one row of its own (the
+        ``heartbeat`` row of context_sidecar_meta), so that its COMMIT waits for the synchronous
+        standby as a write's does, bounded as a write's. (A transaction that writes nothing, or
+        only takes a transaction id, commits without waiting for any standby.) While the server
+        process of a probe that was not confirmed still waits for its standby, the next probes ask
+        whether it does, rather than leave one more process waiting on the server."""
         try:
             with self._connection() as conn:
-                conn.execute("SELECT 1")
+                if self._unconfirmed_probe and self._still_waiting(conn, self._unconfirmed_probe):
+                    return False
+                self._unconfirmed_probe = 0
+                with self._begun(conn) as begun:
+                    conn.execute("INSERT INTO context_sidecar_meta (name, value) VALUES ('heartbeat', '') "
+                                 "ON CONFLICT (name) DO UPDATE SET value = excluded.value")
+                    server_process = conn.info.backend_pid
+                    try:
+                        self._end(begun)
+                    except SharedStoreUnavailable:
+                        self._unconfirmed_probe = server_process
+                        raise
             return True
         except SharedStoreUnavailable:
+            return False
+
+    def _still_waiting(self, conn: Any, server_process: int) -> bool:
+        """Whether ``server_process`` still waits for a synchronous standby (PostgreSQL's view; an
+        engine without it has no such wait to look at)."""
+        try:
+            return conn.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s AND wait_event = 'SyncRep'",
+                                (server_process,)).fetchone() is not None
+        except self._psycopg.ProgrammingError:
             return False
 
     def versions(self, units: Sequence[bytes]) -> dict[bytes, int]:
@@ -300,9 +426,7 @@ class SharedStore:
         ``commit`` given the holding, or rolls back: while it is open, another sidecar's commit to
         them waits, then finds them moved on. A write that lost a unit to another sidecar runs
         again holding it, so that a sidecar writing a unit without pause cannot starve another."""
-        with self._connection() as conn:
-            conn.execute("BEGIN")
-            holding = Holding(conn)
+        with self._connection() as conn, self._begun(conn) as holding:
             try:
                 # In one order on every sidecar (a commit's updates too), so two never wait on each other.
                 conn.execute("SELECT version FROM context_sidecar_units WHERE unit = ANY(%s) ORDER BY unit FOR UPDATE",
@@ -310,9 +434,47 @@ class SharedStore:
                 yield holding
             except self._psycopg.errors.TransactionRollback:  # a deadlock or serialization failure
                 raise VersionConflict(list(units)) from None
-            finally:
-                if not holding.ended and not conn.closed:
-                    conn.execute("ROLLBACK")
+
+    @contextmanager
+    def _begun(self, conn: Any) -> Iterator[Holding]:
+        """A transaction on ``conn`` (autocommit: BEGIN and COMMIT are sent as statements, so that
+        the COMMIT's wait can be bounded, :meth:`_end`), rolled back unless it was ended."""
+        conn.execute("BEGIN")
+        holding = Holding(conn)
+        try:
+            yield holding
+        finally:
+            if not holding.ended and not conn.closed:
+                conn.execute("ROLLBACK")
+
+    def _end(self, holding: Holding) -> None:
+        """COMMIT, waiting ``shared_timeout`` at most for the server to confirm it; past that, or if
+        the server says it stopped waiting for its synchronous standby (a cancelled wait: committed
+        locally, maybe not replicated), the write may or may not have landed: refused."""
+        conn, errors = holding.conn, self._psycopg
+        not_replicated: list[str] = []
+
+        def note_cancelled_wait(diagnostic: Any) -> None:
+            if (diagnostic.message_primary or "").startswith("canceling wait for synchronous replication"):
+                not_replicated.append(diagnostic.message_primary)
+
+        conn.add_notice_handler(note_cancelled_wait)
+        try:
+            with self._watchdog.bounding(conn, self._timeout) as wait:
+                try:
+                    conn.execute("COMMIT")
+                except (errors.OperationalError, errors.InterfaceError):
+                    if wait.expired:
+                        self.reachable = False
+                        raise _unconfirmed(f"within [storage] shared_timeout ({self._timeout:g} s)") from None
+                    raise
+        finally:
+            conn.remove_notice_handler(note_cancelled_wait)
+        holding.ended = True
+        if wait.expired:  # confirmed just as its socket was shut: the connection is not to be used again
+            conn.close()
+        if not_replicated:
+            raise _unconfirmed(f"to its synchronous standby ({not_replicated[0]})")
 
     def commit(self, held: dict[bytes, int], changes: Changes, holding: Holding | None = None) -> dict[bytes, int]:
         """Write ``changes`` in one SQL transaction, moving each unit from the version ``held`` here
@@ -331,29 +493,34 @@ class SharedStore:
         # One statement for every record of the call; a delete is written as a NULL value.
         rows = [(unit, db, key, value, versions[unit])
                 for unit, records in changes.items() for db, key, value in records]
-        with self._transaction(holding) as conn:
-            with conn.pipeline():
-                moves = []
-                for unit in versions:
-                    cursor = conn.cursor()
-                    if held[unit]:
-                        cursor.execute("UPDATE context_sidecar_units SET version = version + 1 "
-                                       "WHERE unit = %s AND version = %s RETURNING version", (unit, held[unit]))
-                    else:  # not held here: it must not exist yet
-                        cursor.execute("INSERT INTO context_sidecar_units (unit, version) VALUES (%s, 1) "
-                                       "ON CONFLICT (unit) DO NOTHING RETURNING version", (unit,))
-                    moves.append((unit, cursor))
-                conn.execute(
-                    "INSERT INTO context_sidecar_records (unit, db, key, value, version) "
-                    "SELECT * FROM unnest(%s::bytea[], %s::text[], %s::bytea[], %s::bytea[], %s::bigint[]) "
-                    "ON CONFLICT (unit, db, key) DO UPDATE SET value = excluded.value, version = excluded.version",
-                    [list(column) for column in zip(*rows)])
-            moved = [unit for unit, cursor in moves if cursor.fetchone() is None]
-            if moved:  # leaving the block with an error rolls the transaction back
-                raise VersionConflict(moved)
-            if holding is not None:
-                conn.execute("COMMIT")
-                holding.ended = True
+        if holding is None:
+            with self._connection() as conn, self._begun(conn) as begun:
+                return self._write(begun, versions, held, rows)
+        return self._write(holding, versions, held, rows)
+
+    def _write(self, holding: Holding, versions: dict[bytes, int], held: dict[bytes, int],
+               rows: list[tuple[bytes, str, bytes, bytes | None, int]]) -> dict[bytes, int]:
+        conn = holding.conn
+        with conn.pipeline():
+            moves = []
+            for unit in versions:
+                cursor = conn.cursor()
+                if held[unit]:
+                    cursor.execute("UPDATE context_sidecar_units SET version = version + 1 "
+                                   "WHERE unit = %s AND version = %s RETURNING version", (unit, held[unit]))
+                else:  # not held here: it must not exist yet
+                    cursor.execute("INSERT INTO context_sidecar_units (unit, version) VALUES (%s, 1) "
+                                   "ON CONFLICT (unit) DO NOTHING RETURNING version", (unit,))
+                moves.append((unit, cursor))
+            conn.execute(
+                "INSERT INTO context_sidecar_records (unit, db, key, value, version) "
+                "SELECT * FROM unnest(%s::bytea[], %s::text[], %s::bytea[], %s::bytea[], %s::bigint[]) "
+                "ON CONFLICT (unit, db, key) DO UPDATE SET value = excluded.value, version = excluded.version",
+                [list(column) for column in zip(*rows)])
+        moved = [unit for unit, cursor in moves if cursor.fetchone() is None]
+        if moved:  # leaving the block with an error rolls the transaction back
+            raise VersionConflict(moved)
+        self._end(holding)
         return versions
 
 

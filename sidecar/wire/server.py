@@ -182,13 +182,17 @@ class SharedStoreHealth:
         self._thread.start()
 
     def stop(self) -> None:
+        """No status is set from now on. A probe in progress is not waited for: it may wait on the
+        database for up to [storage] shared_timeout, longer than the drain; the store's closing
+        ends it (and the health servicer, shutting down by then, ignores what it would set)."""
         self._stop.set()
-        self._thread.join()
 
     def _run(self) -> None:
         serving = True
         while not self._stop.wait(self._interval):
             reachable = self._shared.ping()
+            if self._stop.is_set():
+                return
             if reachable != serving:
                 serving = reachable
                 log.warning("the shared store %s", "answers again: SERVING" if serving

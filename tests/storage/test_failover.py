@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -368,3 +370,117 @@ def test_a_url_naming_the_standby_alone_is_a_clear_error(tmp_path: Path,
     database = url.rsplit("/", 1)[1].split("?")[0]
     with pytest.raises(AssertionError, match="the shared store's server is a standby, which takes no writes"):
         Sidecar(tmp_path, "--shared", f"postgresql://postgres@{standby.host}/{database}").stop()
+
+
+def refused_in_time(call: Callable[[], object]) -> tuple[tuple[str, str, str], float]:
+    """(code, reason, message) of a call expected to be refused, and the seconds it took: called
+    with a deadline far past [storage] shared_timeout (a hang detector), so a call that hangs is
+    seen as DEADLINE_EXCEEDED, not as a test that never ends."""
+    started = time.monotonic()
+    with pytest.raises(grpc.RpcError) as refused:
+        call()
+    return (*refusal(refused.value), refused.value.details() or ""), time.monotonic() - started
+
+
+def test_a_write_the_primary_cannot_replicate_is_refused_and_found_whole_or_not_at_all_later(
+        cluster: tuple[Postgres, Postgres, str], pair: tuple[Sidecar, Sidecar]) -> None:
+    """The synchronous standby is stopped: the primary holds every COMMIT until it is back. A write
+    through A is refused within a bound (its COMMIT may have landed on the primary alone), health
+    goes NOT_SERVING, A's own copy never shows the write meanwhile; once the standby is back, both
+    sidecars find the write whole or not at all, and the next write lands after it."""
+    primary, standby, _ = cluster
+    a, b = pair
+    open_run(a.stub, "run")
+    a.stub.AppendEvents(pb.AppendEventsRequest(run_id="run", events=[
+        pb.Event(event_id="before", iteration=1, role="user", content="acknowledged with the standby there")]))
+    assert [e.event_id for e in all_events(b.stub, "run")] == ["before"]
+
+    standby.stop()
+    pending = [pb.Event(event_id=f"pending{i}", iteration=2, role="user", content=f"no standby to confirm it {i}")
+               for i in range(3)]
+    (code, reason, message), seconds = refused_in_time(lambda: a.stub.AppendEvents(
+        pb.AppendEventsRequest(run_id="run", events=pending), timeout=CALL_SECONDS))
+    print(f"a write with the synchronous standby gone: refused after {seconds:.1f} s (shared_timeout 2)")
+    assert (code, reason) == REFUSED, message
+    assert "may or may not have landed" in message, message
+    wait_for(lambda: health(a) == health(b) == NOT_SERVING, 30, "NOT_SERVING while the primary cannot commit")
+    # Neither sidecar serves the refused write as if it had landed: the store has not made it visible.
+    assert [e.event_id for e in all_events(a.stub, "run")] == ["before"]
+    assert [e.event_id for e in all_events(b.stub, "run")] == ["before"]
+
+    standby.start()
+    wait_for(lambda: health(a) == health(b) == SERVING, 60, "SERVING once the standby is back")
+    after = pb.Event(event_id="after", iteration=3, role="user", content="with the standby back")
+    answer = answer_of(a, lambda stub: stub.AppendEvents(pb.AppendEventsRequest(run_id="run", events=[after]),
+                                                         timeout=CALL_SECONDS))
+    assert not isinstance(answer, tuple), f"the next write through A, once the standby is back: {answer!r}"
+    through = {name: [e.event_id for e in all_events(sidecar.stub, "run")] for name, sidecar in (("A", a), ("B", b))}
+    assert through["A"] == through["B"], through
+    landed_ids = [event_id for event_id in through["A"] if event_id.startswith("pending")]
+    assert landed_ids in ([], [e.event_id for e in pending]), f"the refused write landed in part: {through['A']}"
+    assert through["A"] == ["before", *landed_ids, "after"], through["A"]
+    print(f"the refused write {'landed whole' if landed_ids else 'did not land'}")
+
+
+def test_sigterm_while_a_write_waits_for_a_gone_standby_exits_within_the_drain(
+        tmp_path: Path, cluster: tuple[Postgres, Postgres, str]) -> None:
+    """SIGTERM while a write waits on a COMMIT the primary cannot confirm, with shared_timeout
+    longer than drain_seconds: the process exits within the drain and a margin (a hang detector),
+    and the caller gets an answer, not a call left hanging."""
+    _, standby, url = cluster
+    drain = 2.0
+    sidecar = Sidecar(tmp_path, "--shared", url, "--shared-timeout", "30", "--drain-seconds", str(drain))
+    try:
+        open_run(sidecar.stub, "run")
+        standby.stop()
+        waiting = sidecar.stub.AppendEvents.future(pb.AppendEventsRequest(run_id="run", events=[
+            pb.Event(event_id="pending", iteration=1, role="user", content="no standby to confirm it")]),
+            timeout=CALL_SECONDS * 3)
+        time.sleep(1.5)  # the write waits on its COMMIT, and so does a health probe (one a second)
+        assert not waiting.done()
+        signalled = time.monotonic()
+        sidecar.process.send_signal(signal.SIGTERM)
+        try:
+            sidecar.process.wait(timeout=drain + 10)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"still running {time.monotonic() - signalled:.1f} s after SIGTERM "
+                                 f"(drain_seconds {drain}): {sidecar.log()[-2000:]}") from None
+        print(f"SIGTERM with a write waiting on its COMMIT: exited after {time.monotonic() - signalled:.1f} s")
+        assert sidecar.process.returncode == 0, sidecar.log()[-2000:]
+        with pytest.raises(grpc.RpcError) as ended:
+            waiting.result(timeout=10)
+        assert ended.value.code() != grpc.StatusCode.DEADLINE_EXCEEDED, ended.value
+    finally:
+        if sidecar.process.poll() is None:
+            sidecar.process.kill()
+            sidecar.process.wait()
+        sidecar.channel.close()
+
+
+def test_a_commit_whose_wait_for_the_standby_is_cancelled_is_not_acknowledged(
+        tmp_path: Path, cluster: tuple[Postgres, Postgres, str]) -> None:
+    """Someone cancels the server process waiting for the gone standby (pg_cancel_backend, as an
+    operator clearing stuck sessions would): PostgreSQL then answers the COMMIT with a warning and
+    success, though the standby never got the write. The sidecar must not acknowledge it."""
+    primary, standby, url = cluster
+    database = url.rsplit("/", 1)[1].split("?")[0]
+    sidecar = Sidecar(tmp_path, "--shared", url, "--shared-timeout", "20")
+    try:
+        open_run(sidecar.stub, "run")
+        standby.stop()
+        waiting = sidecar.stub.AppendEvents.future(pb.AppendEventsRequest(run_id="run", events=[
+            pb.Event(event_id="pending", iteration=1, role="user", content="no standby to confirm it")]),
+            timeout=CALL_SECONDS * 3)
+        syncrep = f"FROM pg_stat_activity WHERE datname = '{database}' AND wait_event = 'SyncRep'"
+        wait_for(lambda: primary.query("postgres", f"SELECT count(*) {syncrep}") == [(1,)], 15,
+                 "the write's COMMIT waiting for the standby")
+        primary.execute("postgres", f"SELECT pg_cancel_backend(pid) {syncrep}")
+        with pytest.raises(grpc.RpcError) as refused:
+            waiting.result()
+        assert refusal(refused.value) == REFUSED, refused.value
+        assert "may or may not have landed" in (refused.value.details() or ""), refused.value.details()
+        # It did land on the primary (committed locally): the next call finds it, whole.
+        standby.start()
+        assert [e.event_id for e in all_events(sidecar.stub, "run")] == ["pending"]
+    finally:
+        sidecar.stop()
