@@ -143,7 +143,8 @@ class _Watchdog:
                 if self._thread is None:
                     self._thread = threading.Thread(target=self._run, name="shared-store-watchdog", daemon=True)
                     self._thread.start()
-                self._cond.notify()
+                if self._deadlines[0][2] is wait:  # the first to expire: the thread sleeps until a later one
+                    self._cond.notify()
         try:
             yield wait
         finally:
