@@ -422,6 +422,16 @@ def test_a_write_the_primary_cannot_replicate_is_refused_and_found_whole_or_not_
     print(f"the refused write {'landed whole' if landed_ids else 'did not land'}")
 
 
+def write_left_waiting(sidecar: Sidecar, standby: Postgres) -> grpc.Future:
+    """A run opened through ``sidecar``, the standby stopped, then a write to the run, whose COMMIT
+    the primary holds until the standby is back: the call, still running."""
+    open_run(sidecar.stub, "run")
+    standby.stop()
+    return sidecar.stub.AppendEvents.future(pb.AppendEventsRequest(run_id="run", events=[
+        pb.Event(event_id="pending", iteration=1, role="user", content="no standby to confirm it")]),
+        timeout=CALL_SECONDS * 3)
+
+
 def test_sigterm_while_a_write_waits_for_a_gone_standby_exits_within_the_drain(
         tmp_path: Path, cluster: tuple[Postgres, Postgres, str]) -> None:
     """SIGTERM while a write waits on a COMMIT the primary cannot confirm, with shared_timeout
@@ -431,11 +441,7 @@ def test_sigterm_while_a_write_waits_for_a_gone_standby_exits_within_the_drain(
     drain = 2.0
     sidecar = Sidecar(tmp_path, "--shared", url, "--shared-timeout", "30", "--drain-seconds", str(drain))
     try:
-        open_run(sidecar.stub, "run")
-        standby.stop()
-        waiting = sidecar.stub.AppendEvents.future(pb.AppendEventsRequest(run_id="run", events=[
-            pb.Event(event_id="pending", iteration=1, role="user", content="no standby to confirm it")]),
-            timeout=CALL_SECONDS * 3)
+        waiting = write_left_waiting(sidecar, standby)
         time.sleep(1.5)  # the write waits on its COMMIT, and so does a health probe (one a second)
         assert not waiting.done()
         signalled = time.monotonic()
@@ -466,15 +472,13 @@ def test_a_commit_whose_wait_for_the_standby_is_cancelled_is_not_acknowledged(
     database = url.rsplit("/", 1)[1].split("?")[0]
     sidecar = Sidecar(tmp_path, "--shared", url, "--shared-timeout", "20")
     try:
-        open_run(sidecar.stub, "run")
-        standby.stop()
-        waiting = sidecar.stub.AppendEvents.future(pb.AppendEventsRequest(run_id="run", events=[
-            pb.Event(event_id="pending", iteration=1, role="user", content="no standby to confirm it")]),
-            timeout=CALL_SECONDS * 3)
-        syncrep = f"FROM pg_stat_activity WHERE datname = '{database}' AND wait_event = 'SyncRep'"
-        wait_for(lambda: primary.query("postgres", f"SELECT count(*) {syncrep}") == [(1,)], 15,
-                 "the write's COMMIT waiting for the standby")
-        primary.execute("postgres", f"SELECT pg_cancel_backend(pid) {syncrep}")
+        waiting = write_left_waiting(sidecar, standby)
+        # The write's server process (health's probe waits too: it wrote no record)
+        writer = ("SELECT a.pid FROM pg_stat_activity a WHERE a.wait_event = 'SyncRep' AND EXISTS (SELECT 1 "
+                  "FROM pg_locks l JOIN pg_class c ON c.oid = l.relation WHERE l.pid = a.pid "
+                  "AND c.relname = 'context_sidecar_records')")
+        wait_for(lambda: len(primary.query(database, writer)) == 1, 15, "the write's COMMIT waiting for the standby")
+        primary.execute(database, f"SELECT pg_cancel_backend(pid) FROM ({writer}) AS waiting")
         with pytest.raises(grpc.RpcError) as refused:
             waiting.result()
         assert refusal(refused.value) == REFUSED, refused.value
