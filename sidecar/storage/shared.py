@@ -234,9 +234,11 @@ class SharedStore:
         self._checked: weakref.WeakSet[Any] = weakref.WeakSet()
         self._timeline_lock = threading.Lock()
         self._watchdog = _Watchdog()
-        # The server process of the last health probe whose commit was not confirmed: while it
-        # still waits, the next probes look at it rather than leave one more waiting (0: none).
-        self._unconfirmed_probe = 0
+        # The server processes of this sidecar's commits that were not confirmed (a write's, a
+        # health probe's): while one still waits for its synchronous standby, writes and probes
+        # are refused at once rather than leave one more process waiting on the server each.
+        self._waiting: set[int] = set()
+        self._waiting_lock = threading.Lock()
         # Every wait is bounded by [storage] shared_timeout, so a database that does not answer
         # holds no call longer: connect_timeout a connection attempt, the pool's timeout the wait
         # for a connection, statement_timeout a statement the server is slow to run, and
@@ -365,30 +367,37 @@ class SharedStore:
         whether it does, rather than leave one more process waiting on the server."""
         try:
             with self._connection() as conn:
-                if self._unconfirmed_probe and self._still_waiting(conn, self._unconfirmed_probe):
-                    return False
-                self._unconfirmed_probe = 0
+                self._refuse_while_waiting(conn)
                 with self._begun(conn) as begun:
                     conn.execute("INSERT INTO context_sidecar_meta (name, value) VALUES ('heartbeat', '') "
                                  "ON CONFLICT (name) DO UPDATE SET value = excluded.value")
-                    server_process = conn.info.backend_pid
-                    try:
-                        self._end(begun)
-                    except SharedStoreUnavailable:
-                        self._unconfirmed_probe = server_process
-                        raise
+                    self._end(begun)
             return True
         except SharedStoreUnavailable:
             return False
 
-    def _still_waiting(self, conn: Any, server_process: int) -> bool:
-        """Whether ``server_process`` still waits for a synchronous standby (PostgreSQL's view; an
-        engine without it has no such wait to look at)."""
+    def _refuse_while_waiting(self, conn: Any) -> None:
+        """Refused, having written nothing, while the server process of a commit of this sidecar's
+        that was not confirmed still waits for a synchronous standby (one query, only after such
+        a commit; the processes that stopped waiting are forgotten). PostgreSQL's view: an engine
+        without it has no such wait to look at."""
+        if not self._waiting:
+            return
+        with self._waiting_lock:
+            asked = list(self._waiting)
         try:
-            return conn.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s AND wait_event = 'SyncRep'",
-                                (server_process,)).fetchone() is not None
+            waiting = {pid for (pid,) in conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE pid = ANY(%s) AND wait_event = 'SyncRep'", (asked,))}
         except self._psycopg.ProgrammingError:
-            return False
+            waiting = set()
+        with self._waiting_lock:
+            self._waiting -= set(asked) - waiting
+        if waiting:
+            self.reachable = False
+            raise SharedStoreUnavailable(
+                "the shared store has not confirmed an earlier commit of this sidecar's: its primary waits for a "
+                "synchronous standby that is gone. Nothing of this call was written: call again once the standby is "
+                "back")
 
     def versions(self, units: Sequence[bytes]) -> dict[bytes, int]:
         """The current version of each unit that exists (one query)."""
@@ -453,6 +462,7 @@ class SharedStore:
         the server says it stopped waiting for its synchronous standby (a cancelled wait: committed
         locally, maybe not replicated), the write may or may not have landed: refused."""
         conn, errors = holding.conn, self._psycopg
+        server_process = conn.info.backend_pid
         not_replicated: list[str] = []
 
         def note_cancelled_wait(diagnostic: Any) -> None:
@@ -467,6 +477,8 @@ class SharedStore:
                 except (errors.OperationalError, errors.InterfaceError):
                     if wait.expired:
                         self.reachable = False
+                        with self._waiting_lock:
+                            self._waiting.add(server_process)
                         raise _unconfirmed(f"within [storage] shared_timeout ({self._timeout:g} s)") from None
                     raise
         finally:
@@ -495,8 +507,11 @@ class SharedStore:
         rows = [(unit, db, key, value, versions[unit])
                 for unit, records in changes.items() for db, key, value in records]
         if holding is None:
-            with self._connection() as conn, self._begun(conn) as begun:
-                return self._write(begun, versions, held, rows)
+            with self._connection() as conn:
+                self._refuse_while_waiting(conn)
+                with self._begun(conn) as begun:
+                    return self._write(begun, versions, held, rows)
+        self._refuse_while_waiting(holding.conn)
         return self._write(holding, versions, held, rows)
 
     def _write(self, holding: Holding, versions: dict[bytes, int], held: dict[bytes, int],

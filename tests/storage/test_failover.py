@@ -388,9 +388,11 @@ def test_a_write_the_primary_cannot_replicate_is_refused_and_found_whole_or_not_
     through A is refused within a bound (its COMMIT may have landed on the primary alone), health
     goes NOT_SERVING, A's own copy never shows the write meanwhile; once the standby is back, both
     sidecars find the write whole or not at all, and the next write lands after it."""
-    primary, standby, _ = cluster
+    primary, standby, url = cluster
     a, b = pair
     open_run(a.stub, "run")
+    for sidecar, run in ((a, "later-a"), (b, "later-b")):
+        open_run(sidecar.stub, run)
     a.stub.AppendEvents(pb.AppendEventsRequest(run_id="run", events=[
         pb.Event(event_id="before", iteration=1, role="user", content="acknowledged with the standby there")]))
     assert [e.event_id for e in all_events(b.stub, "run")] == ["before"]
@@ -407,6 +409,24 @@ def test_a_write_the_primary_cannot_replicate_is_refused_and_found_whole_or_not_
     # Neither sidecar serves the refused write as if it had landed: the store has not made it visible.
     assert [e.event_id for e in all_events(a.stub, "run")] == ["before"]
     assert [e.event_id for e in all_events(b.stub, "run")] == ["before"]
+    # Once a commit of a sidecar's waits (A's write; B's first write, as its probe found the
+    # heartbeat row locked by A's), the writes that follow are refused having sent nothing: they
+    # do not leave one more server process waiting on the primary each.
+    def write(sidecar: Sidecar, run: str, number: int) -> tuple[str, str, str]:
+        request = pb.AppendEventsRequest(run_id=run, events=[
+            pb.Event(event_id=f"refused{number}", iteration=1, role="user", content="not sent")])
+        return refused_in_time(lambda: sidecar.stub.AppendEvents(request, timeout=CALL_SECONDS))[0]
+
+    assert write(b, "later-b", 0)[:2] == REFUSED
+    database = url.rsplit("/", 1)[1].split("?")[0]
+    waiting = f"SELECT count(*) FROM pg_stat_activity WHERE datname = '{database}' AND wait_event = 'SyncRep'"
+    waiting_before = primary.query("postgres", waiting)[0][0]
+    for number in range(1, 4):
+        for sidecar, run in ((a, "later-a"), (b, "later-b")):
+            code, reason, message = write(sidecar, run, number)
+            assert (code, reason) == REFUSED, message
+            assert "Nothing of this call was written" in message, message
+    assert primary.query("postgres", waiting)[0][0] == waiting_before, "a refused write left waiting on the primary"
 
     standby.start()
     wait_for(lambda: health(a) == health(b) == SERVING, 60, "SERVING once the standby is back")
@@ -419,6 +439,8 @@ def test_a_write_the_primary_cannot_replicate_is_refused_and_found_whole_or_not_
     landed_ids = [event_id for event_id in through["A"] if event_id.startswith("pending")]
     assert landed_ids in ([], [e.event_id for e in pending]), f"the refused write landed in part: {through['A']}"
     assert through["A"] == ["before", *landed_ids, "after"], through["A"]
+    assert [e.event_id for e in all_events(a.stub, "later-a")] == [], "a write refused as not sent landed"
+    assert [e.event_id for e in all_events(b.stub, "later-b")] in ([], ["refused0"]), "refused as not sent, landed"
     print(f"the refused write {'landed whole' if landed_ids else 'did not land'}")
 
 
