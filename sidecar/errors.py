@@ -87,7 +87,9 @@ class WriteConflict(Conflict):
 
 
 class SharedStoreUnavailable(SidecarError):
-    """The shared store ([storage] shared) did not answer; nothing of the call was written."""
+    """The shared store ([storage] shared) did not answer, or answered as one behind what this
+    sidecar saw; nothing of the call was written, unless the message says its commit was sent but
+    not confirmed (it may have landed: the next call naming its run or ref finds out)."""
 
     code = "shared_store_unavailable"
     status = "UNAVAILABLE"
