@@ -34,6 +34,7 @@ from pathlib import Path
 
 import grpc
 from context_sidecar_client import ClientTls
+from context_sidecar_client.tls import open_channel
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from benchmarks._lib import corpus
@@ -84,9 +85,7 @@ def new_channel(address: str, tls: ClientTls | None, fresh: bool = False) -> grp
     """``fresh``: a connection of its own, never one another channel to the address opened (gRPC
     shares connections between channels of a process through a global pool by default)."""
     options = [*CHANNEL_OPTIONS, *([("grpc.use_local_subchannel_pool", 1)] if fresh else [])]
-    if tls is None:
-        return grpc.insecure_channel(address, options=options)
-    return grpc.secure_channel(address, tls.credentials(), options=tls.channel_options(address, options))
+    return open_channel(grpc, address, options, tls)
 
 
 def connect_call(address: str, tls: ClientTls | None) -> Callable[[], object]:

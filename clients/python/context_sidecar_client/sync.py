@@ -23,7 +23,7 @@ from context_sidecar_client.calls import (
     retryable,
 )
 from context_sidecar_client.errors import call_error
-from context_sidecar_client.tls import ClientTls
+from context_sidecar_client.tls import ClientTls, open_channel
 from context_sidecar_client.v1 import sidecar_pb2 as pb
 from context_sidecar_client.v1 import sidecar_pb2_grpc as pb_grpc
 
@@ -44,12 +44,7 @@ class Client:
         (and the client's certificate under mTLS); None: plaintext."""
         self._metadata = call_metadata(token)
         self._timeout, self._retries = timeout, retries
-        options = [*CHANNEL_OPTIONS, *channel_options]
-        if tls is None:
-            self._channel = grpc.insecure_channel(target, options=options)
-        else:
-            self._channel = grpc.secure_channel(target, tls.credentials(),
-                                             options=tls.channel_options(target, options))
+        self._channel = open_channel(grpc, target, [*CHANNEL_OPTIONS, *channel_options], tls)
         self._stub = pb_grpc.ContextSidecarStub(self._channel)  # type: ignore[no-untyped-call]
         self._health_check = health_check(self._channel)
 

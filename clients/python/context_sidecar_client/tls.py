@@ -81,6 +81,14 @@ class ClientTls:
         return ca, chain, key
 
 
+def open_channel(grpc_module: Any, target: str, options: Sequence[tuple[str, Any]], tls: ClientTls | None) -> Any:
+    """A channel of ``grpc_module`` (``grpc``, or ``grpc.aio`` for the asyncio client) to
+    ``target``: plaintext without ``tls``, else secure with its files as they are now."""
+    if tls is None:
+        return grpc_module.insecure_channel(target, options=list(options))
+    return grpc_module.secure_channel(target, tls.credentials(), options=tls.channel_options(target, options))
+
+
 def _read(option: str, path: FilePath | None) -> bytes | None:
     if path is None:
         return None
